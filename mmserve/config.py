@@ -1,0 +1,91 @@
+"""Engine configuration: frozen dataclasses, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+DEFAULT_IMAGE_LIMIT = 16
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the engine needs to know about a checkpoint, derived from its HF config."""
+
+    model: str
+    path: Path
+    architecture: str
+    hf_config: Any
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    hidden_size: int = 0
+    image_token_id: int | None = None
+    eos_token_id: int | None = None
+    max_tokens_per_image: int = 0  # largest embedding count one image can produce
+    processor_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: enough for max_num_seqs full-length sequences
+    kv_cache_memory: int = 2 * GiB  # upper bound when num_kv_blocks is None
+    enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "xxh3_128"
+    encoder_cache_memory: int = 1 * GiB
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.encoder_cache_memory < 0:
+            raise ValueError(f"encoder_cache_memory must be >= 0, got {self.encoder_cache_memory}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    disable_chunked_mm_input: bool = False
+    encoder_cache_size: int | None = None  # embeddings; None: autotuned
+    max_num_encoder_input_tokens: int | None = None  # embeddings per step; None: autotuned
+    limit_mm_per_prompt: dict[str, int] = field(
+        default_factory=lambda: {"image": DEFAULT_IMAGE_LIMIT}
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        unknown = set(self.limit_mm_per_prompt) - {"image"}
+        if unknown:
+            raise ValueError(f"limit_mm_per_prompt supports only 'image', got {sorted(unknown)}")
+        if self.limit_mm_per_prompt.get("image", 0) < 0:
+            raise ValueError(f"limit_mm_per_prompt must be >= 0, got {self.limit_mm_per_prompt}")
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        return self.limit_mm_per_prompt.get("image", DEFAULT_IMAGE_LIMIT)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    seed: int = 0

@@ -1,0 +1,76 @@
+"""The only contract between the scheduler (core/) and the worker (worker/).
+
+Plain dataclasses, no tensors: pixel data travels as an opaque object the worker converts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class MultiModalItem:
+    """One image of a prompt: its content hash and placeholder range [offset, offset+length)."""
+
+    hash: str
+    offset: int
+    length: int
+    data: Any = None  # processor output (e.g. pixel_values array) the encoder consumes
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass
+class NewRequestData:
+    """A request the worker has not seen (or sees again after preemption)."""
+
+    req_id: str
+    token_ids: list[int]
+    mm_items: list[MultiModalItem]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """A request the worker already tracks: only what changed since the last step."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: list[CachedRequestData] = field(default_factory=list)
+    # req_id -> number of tokens to run this step, starting at its num_computed_tokens.
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # req_id -> indices of its mm_items to encode this step (deduplicated by hash across requests).
+    scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # Encoder-cache hashes evicted since the last step: the worker drops their tensors first.
+    freed_encoder_hashes: list[str] = field(default_factory=list)
+    # Requests that ended (finished, aborted, preempted) since the last step: forget their state.
+    finished_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+@dataclass
+class ModelRunnerOutput:
+    # req_id -> sampled token, only for requests whose chunk reached the end of their tokens.
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    encoder_seconds: float = 0.0
+    num_images_encoded: int = 0

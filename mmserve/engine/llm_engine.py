@@ -1,0 +1,263 @@
+"""LLMEngine: admission (inputs -> Request), step = schedule -> execute -> update, metrics."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mmserve.config import GiB, CacheConfig, EngineConfig, SchedulerConfig
+from mmserve.core.encoder_cache import EncoderCacheManager
+from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
+from mmserve.core.scheduler import Scheduler
+from mmserve.engine.detokenizer import Detokenizer
+from mmserve.engine.loading import (
+    build_model_config,
+    load_image_processor,
+    load_model,
+    load_tokenizer,
+)
+from mmserve.engine.outputs import CompletionOutput, RequestOutput
+from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
+from mmserve.multimodal.processor import InputProcessor, ProcessedPrompt
+from mmserve.request import Request, RequestStatus
+from mmserve.sampling_params import SamplingParams
+from mmserve.worker.attention import PagedKVCache
+from mmserve.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """One model, one scheduler, one runner; not thread-safe (the async engine serializes)."""
+
+    def __init__(self, config: EngineConfig, device: str = "cpu", allowed_local_path=True):
+        self.config = config
+        mc, sc, cc = config.model, config.scheduler, config.cache
+        torch.manual_seed(config.seed)
+        self.device = torch.device(device)
+        self.tokenizer = load_tokenizer(mc.path)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        image_processor = load_image_processor(mc.path, mc.processor_kwargs)
+        self.processor = InputProcessor(
+            mc, self.tokenizer, image_processor, sc.max_images_per_prompt, allowed_local_path
+        )
+        self.model = load_model(mc, self.device)
+        self.encoder_budget, _ = compute_encoder_budget(mc, sc)
+        capacity = encoder_cache_capacity(mc, sc, cc)
+        num_blocks = self._num_kv_blocks()
+        self.max_model_len = min(mc.max_model_len, num_blocks * cc.block_size)
+        self.kv_cache = PagedKVCache(
+            self.model.num_layers,
+            num_blocks,
+            cc.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            self.model.lm_head.weight.dtype,
+            self.device,
+        )
+        self.scheduler = Scheduler(
+            KVCacheManager(num_blocks, cc.block_size),
+            EncoderCacheManager(capacity, mc.hidden_size * mc.dtype_bytes),
+            max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_num_seqs=sc.max_num_seqs,
+            encoder_compute_budget=self.encoder_budget,
+            disable_chunked_mm_input=sc.disable_chunked_mm_input,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, self.device, config.seed)
+        self._ids = itertools.count()
+        self._prompts: dict[str, str | None] = {}
+        self.num_prompt_tokens = 0
+
+    @classmethod
+    def from_args(
+        cls,
+        model: str = "tiny-llava",
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        processor_kwargs: dict[str, Any] | None = None,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int = 1 * GiB,
+        enable_prefix_caching: bool = True,
+        prefix_caching_hash_algo: str = "xxh3_128",
+        encoder_cache_memory: int = 1 * GiB,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 64,
+        disable_chunked_mm_input: bool = False,
+        encoder_cache_size: int | None = None,
+        max_num_encoder_input_tokens: int | None = None,
+        limit_mm_per_prompt: dict[str, int] | None = None,
+        device: str = "cpu",
+        allowed_local_path: Any = True,
+    ) -> LLMEngine:
+        model_config = build_model_config(model, dtype, max_model_len, processor_kwargs)
+        cache = CacheConfig(
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory=kv_cache_memory,
+            enable_prefix_caching=enable_prefix_caching,
+            prefix_caching_hash_algo=prefix_caching_hash_algo,
+            encoder_cache_memory=encoder_cache_memory,
+        )
+        sched_kwargs: dict[str, Any] = dict(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            disable_chunked_mm_input=disable_chunked_mm_input,
+            encoder_cache_size=encoder_cache_size,
+            max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+        )
+        if limit_mm_per_prompt is not None:
+            sched_kwargs["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
+        config = EngineConfig(model_config, cache, SchedulerConfig(**sched_kwargs), seed)
+        return cls(config, device=device, allowed_local_path=allowed_local_path)
+
+    def _num_kv_blocks(self) -> int:
+        cc, mc, sc = self.config.cache, self.config.model, self.config.scheduler
+        if cc.num_kv_blocks is not None:
+            return cc.num_kv_blocks
+        per_block = PagedKVCache.bytes_per_block(
+            self.model.num_layers,
+            cc.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            mc.dtype_bytes,
+        )
+        wanted = sc.max_num_seqs * cdiv(mc.max_model_len, cc.block_size)
+        return max(1, min(wanted, cc.kv_cache_memory // per_block))
+
+    # ---- admission ---------------------------------------------------------------------
+    def process_inputs(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+    ) -> ProcessedPrompt:
+        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop)."""
+        processed = self.processor.process(prompt, images, uuids)
+        n = len(processed.prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {n} tokens, the model's max length is {self.max_model_len}"
+                " (including at least one generated token)"
+            )
+        capacity = self.scheduler.encoder_cache.capacity
+        for item in processed.mm_items:
+            if item.length > min(capacity, self.encoder_budget):
+                raise ValueError(
+                    f"an image needs {item.length} embeddings, more than the encoder cache"
+                    f" ({capacity}) or the per-step encoder budget ({self.encoder_budget})"
+                )
+        return processed
+
+    def add_processed(
+        self,
+        processed: ProcessedPrompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        prompt_text: str | None = None,
+    ) -> str:
+        req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request = Request(
+            req_id,
+            processed.prompt_token_ids,
+            params,
+            processed.mm_items,
+            eos_token_id=self.config.model.eos_token_id,
+            max_model_len=self.max_model_len,
+        )
+        self.scheduler.add_request(request)
+        self._prompts[req_id] = prompt_text
+        self.num_prompt_tokens += request.num_prompt_tokens
+        return req_id
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        processed = self.process_inputs(prompt, images, uuids)
+        text = prompt if isinstance(prompt, str) else None
+        return self.add_processed(processed, params, request_id, text)
+
+    def abort_request(self, req_ids: list[str]) -> None:
+        self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
+        for req_id in req_ids:
+            self._prompts.pop(req_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- stepping ----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        result = self.runner.execute(sched)
+        if sched.is_empty and self.scheduler.running and not self.scheduler.waiting:
+            logger.debug("step scheduled no tokens")
+        outputs = []
+        for request in self.scheduler.update(sched, result):
+            outputs.append(self._make_output(request))
+        return outputs
+
+    def _make_output(self, request: Request) -> RequestOutput:
+        text = self.detokenizer.decode(request.output_token_ids)
+        stops = request.sampling_params.stop
+        if stops and not request.is_finished:
+            cut = Detokenizer.find_stop(text, stops)
+            if cut is not None:
+                text = text[:cut]
+                self.scheduler.finish_requests([request.req_id], RequestStatus.FINISHED_STOPPED)
+        finished = request.is_finished
+        prompt = self._prompts.pop(request.req_id, None) if finished else None
+        metrics = {"arrival_time": request.arrival_time}
+        if request.first_token_time is not None:
+            metrics["first_token_time"] = request.first_token_time
+        return RequestOutput(
+            request_id=request.req_id,
+            prompt=prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[
+                CompletionOutput(
+                    0,
+                    text,
+                    list(request.output_token_ids),
+                    request.status.value if finished else None,
+                )
+            ],
+            finished=finished,
+            num_cached_tokens=request.num_cached_tokens,
+            metrics=metrics,
+        )
+
+    def get_metrics(self) -> dict[str, float]:
+        sched = self.scheduler
+        pool = sched.kv.pool
+        enc = sched.encoder_cache
+        runner_enc = self.runner.encoder
+        return {
+            "kv_blocks_total": pool.num_blocks,
+            "kv_blocks_used": pool.num_used_blocks,
+            "num_requests_running": len(sched.running),
+            "num_requests_waiting": len(sched.waiting),
+            "num_preemptions": sched.counters["num_preemptions"],
+            "prompt_tokens": self.num_prompt_tokens,
+            "generation_tokens": sched.counters["generation_tokens"],
+            "encoder_cache_hits": sched.counters["encoder_cache_hits"],
+            "encoder_cache_misses": sched.counters["encoder_cache_misses"],
+            "encoder_cache_evictions": enc.num_evictions,
+            "encoder_embeddings_computed": runner_enc.num_embeddings_computed,
+            "encoder_embeddings_from_cache": sched.counters["encoder_embeddings_from_cache"],
+            "encoder_images_encoded": runner_enc.num_images_encoded,
+            "encoder_cache_bytes": enc.num_bytes,
+            "encoder_cache_capacity": enc.capacity,
+            "encoder_cache_references": sum(len(r) for r in enc.referenced.values()),
+            "encoder_seconds": runner_enc.encoder_seconds,
+        }

@@ -1,0 +1,94 @@
+"""Resolve a model name/path and load its config, tokenizer, image processor and weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoTokenizer
+
+from mmserve.config import ModelConfig
+from mmserve.models.registry import resolve_architecture
+from mmserve.models.tiny import resolve_model_path
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _TORCH_DTYPES[name]
+
+
+def build_model_config(
+    model: str,
+    dtype: str = "float32",
+    max_model_len: int | None = None,
+    processor_kwargs: dict[str, Any] | None = None,
+) -> ModelConfig:
+    path = resolve_model_path(model)
+    hf_config = AutoConfig.from_pretrained(path)
+    arch, model_cls = resolve_architecture(hf_config)
+    text = getattr(hf_config, "text_config", hf_config)
+    limit = text.max_position_embeddings
+    if max_model_len is not None and not 1 < max_model_len <= limit:
+        raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
+    eos = getattr(text, "eos_token_id", None)
+    if isinstance(eos, list):
+        eos = eos[0]
+    kwargs = dict(processor_kwargs or {})
+    return ModelConfig(
+        model=model,
+        path=path,
+        architecture=arch,
+        hf_config=hf_config,
+        dtype=dtype,
+        max_model_len=max_model_len or limit,
+        hidden_size=text.hidden_size,
+        image_token_id=getattr(hf_config, "image_token_id", None),
+        eos_token_id=eos,
+        max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
+        processor_kwargs=kwargs,
+    )
+
+
+def load_tokenizer(path: Path) -> Any:
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_image_processor(path: Path, processor_kwargs: dict[str, Any]) -> Any:
+    """The PIL flavour of the checkpoint's image processor (the torchvision one does not import
+    beside a CPU-only torch)."""
+    config_file = path / "preprocessor_config.json"
+    if not config_file.exists():
+        return None
+    name = json.loads(config_file.read_text()).get("image_processor_type", "")
+    base = name.removesuffix("Fast").removesuffix("Pil")
+    cls = getattr(transformers, base + "Pil", None) or getattr(transformers, base, None)
+    if cls is None:
+        raise ValueError(f"unknown image processor {name!r} in {config_file}")
+    return cls.from_pretrained(path, **processor_kwargs)
+
+
+def load_model(model_config: ModelConfig, device: torch.device) -> torch.nn.Module:
+    _, model_cls = resolve_architecture(model_config.hf_config)
+    with torch.device("meta"):
+        model = model_cls(model_config.hf_config)
+    model = model.to_empty(device=device).to(torch_dtype(model_config.dtype))
+    _reinit_buffers(model, device)
+    model.load_weights(model_config.path)
+    return model.eval()
+
+
+def _reinit_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Non-persistent buffers are not in the checkpoint: rebuild them on the real device."""
+    for module in model.modules():
+        if hasattr(module, "inv_freq"):
+            dim = module.inv_freq.numel() * 2
+            theta = getattr(module, "theta", None)
+            if theta is not None:
+                exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float()
+                module.inv_freq = 1.0 / (theta ** (exponents / dim))
+        if hasattr(module, "position_ids") and hasattr(module, "num_positions"):
+            module.position_ids = torch.arange(module.num_positions, device=device).expand(1, -1)

@@ -1,0 +1,136 @@
+"""Llama-style decoder (RMSNorm, RoPE, GQA, SwiGLU) over the paged KV cache.
+
+Parameter names follow HF's ``LlamaModel`` so checkpoints load without renaming; Qwen2 is the
+same decoder with q/k/v biases.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mmserve.worker.attention import AttentionMetadata, PagedKVCache, paged_attention
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Default RoPE: cos/sin per position computed in float32 exactly as HF does."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.theta = theta
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.scale = self.head_dim**-0.5
+        hidden = cfg.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+
+    def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = paged_attention(self.layer_idx, cache, q, k, v, meta, self.scale)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx, qkv_bias, o_bias)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def rope_theta(cfg) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"rope type {rope_type!r} is not supported yet (only 'default')")
+    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+class LlamaModel(nn.Module):
+    """Embeddings + decoder layers + final norm; input is already-spliced embeddings."""
+
+    def __init__(self, cfg, qkv_bias: bool | None = None, o_bias: bool | None = None) -> None:
+        super().__init__()
+        bias = getattr(cfg, "attention_bias", False)
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        o_bias = bias if o_bias is None else o_bias
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, qkv_bias, o_bias) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(self.layers[0].self_attn.head_dim, rope_theta(cfg))
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        x = inputs_embeds
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache, meta)
+        return self.norm(x)

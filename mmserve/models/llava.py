@@ -1,0 +1,93 @@
+"""LLaVA-1.5: CLIP vision tower (transformers' module) + MLP projector + mmserve's Llama."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import CLIPVisionModel
+from transformers.activations import ACT2FN
+
+from mmserve.models.llama import LlamaModel
+from mmserve.models.loader import load_safetensors
+
+# checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
+LLAVA_RENAME_RULES = [
+    (r"^model\.language_model\.", "language_model."),
+    (r"^model\.vision_tower\.", "vision_tower."),
+    (r"^model\.multi_modal_projector\.", "multi_modal_projector."),
+    (r"^language_model\.model\.", "language_model."),
+    (r"^language_model\.lm_head\.", "lm_head."),
+    (r"^vision_tower\.vision_model\.", "vision_tower."),
+]
+
+
+class LlavaProjector(nn.Module):
+    def __init__(self, vision_hidden: int, text_hidden: int, act: str, bias: bool) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=bias)
+        self.act = ACT2FN[act]
+        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class LlavaForConditionalGeneration(nn.Module):
+    """Model contract used by the runner: ``encode_images``, ``embed``, ``forward``,
+    ``compute_logits`` and the KV geometry (``num_layers``, ``num_kv_heads``, ``head_dim``)."""
+
+    def __init__(self, hf_config: Any) -> None:
+        super().__init__()
+        if not isinstance(hf_config.vision_feature_layer, int):
+            raise ValueError("LLaVA with several vision_feature_layer values is not supported")
+        self.config = hf_config
+        text, vision = hf_config.text_config, hf_config.vision_config
+        self.vision_tower = CLIPVisionModel(vision)
+        self.multi_modal_projector = LlavaProjector(
+            vision.hidden_size,
+            text.hidden_size,
+            hf_config.projector_hidden_act,
+            getattr(hf_config, "multimodal_projector_bias", True),
+        )
+        self.language_model = LlamaModel(text)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        attn = self.language_model.layers[0].self_attn
+        self.num_layers = text.num_hidden_layers
+        self.num_kv_heads = attn.num_kv_heads
+        self.head_dim = attn.head_dim
+
+    @staticmethod
+    def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        vision = hf_config.vision_config
+        patches = (vision.image_size // vision.patch_size) ** 2
+        return patches + (1 if hf_config.vision_feature_select_strategy == "full" else 0)
+
+    def load_weights(self, checkpoint_dir) -> None:
+        tied = {"lm_head.weight": "language_model.embed_tokens.weight"}
+        if not getattr(self.config, "tie_word_embeddings", False):
+            tied = {}
+        load_safetensors(self, checkpoint_dir, LLAVA_RENAME_RULES, tied)
+
+    def encode_images(self, pixel_values: list[Any]) -> list[torch.Tensor]:
+        """One batched vision pass; returns [num_embeddings, hidden] per image."""
+        param = self.multi_modal_projector.linear_1.weight
+        batch = torch.stack([torch.as_tensor(np.asarray(p)) for p in pixel_values]).to(
+            device=param.device, dtype=param.dtype
+        )
+        hidden = self.vision_tower(batch, output_hidden_states=True).hidden_states
+        feats = hidden[self.config.vision_feature_layer]
+        if self.config.vision_feature_select_strategy == "default":
+            feats = feats[:, 1:]
+        return list(self.multi_modal_projector(feats))
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.embed_tokens(token_ids)
+
+    def forward(self, inputs_embeds, positions, cache, meta) -> torch.Tensor:
+        return self.language_model(inputs_embeds, positions, cache, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

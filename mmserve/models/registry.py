@@ -1,0 +1,21 @@
+"""HF ``architectures`` name -> mmserve model class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmserve.models.llava import LlavaForConditionalGeneration
+
+MODEL_REGISTRY: dict[str, type] = {
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+}
+
+
+def resolve_architecture(hf_config: Any) -> tuple[str, type]:
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    for arch in archs:
+        if arch in MODEL_REGISTRY:
+            return arch, MODEL_REGISTRY[arch]
+    raise ValueError(
+        f"unsupported architecture(s) {archs}; supported: {sorted(MODEL_REGISTRY)}"
+    )

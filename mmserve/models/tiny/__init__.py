@@ -1,0 +1,30 @@
+"""Built-in tiny random-weight LLaVA checkpoints ("presets"), built locally with no hub access."""
+
+from .cache import default_cache_dir, resolve_model_path
+from .presets import (
+    BUILD_VERSION,
+    PRESET_NAMES,
+    PRESETS,
+    PresetSpec,
+    build_model,
+    build_preset,
+    count_parameters,
+    make_config,
+)
+from .tokenizer import CHAT_TEMPLATE, SPECIAL_TOKEN_IDS, build_tokenizer
+
+__all__ = [
+    "BUILD_VERSION",
+    "CHAT_TEMPLATE",
+    "PRESETS",
+    "PRESET_NAMES",
+    "SPECIAL_TOKEN_IDS",
+    "PresetSpec",
+    "build_model",
+    "build_preset",
+    "build_tokenizer",
+    "count_parameters",
+    "default_cache_dir",
+    "make_config",
+    "resolve_model_path",
+]

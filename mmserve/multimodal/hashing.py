@@ -1,0 +1,31 @@
+"""Content hash of an image: the encoder cache's key, computed once at admission."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import blake3
+from PIL import Image
+
+
+def _prefix(model_id: str, processor_kwargs: dict[str, Any]) -> bytes:
+    kwargs = json.dumps(processor_kwargs, sort_keys=True, default=str)
+    return f"{model_id}\0{kwargs}\0".encode()
+
+
+def hash_image(image: Image.Image, model_id: str, processor_kwargs: dict[str, Any]) -> str:
+    """256-bit blake3 hex of model id + processor kwargs + mode + size + decoded pixels."""
+    hasher = blake3.blake3(_prefix(model_id, processor_kwargs))
+    hasher.update(f"{image.mode}\0{image.size[0]}x{image.size[1]}\0".encode())
+    hasher.update(image.tobytes())
+    return hasher.hexdigest()
+
+
+def hash_uuid(uuid: str, model_id: str, processor_kwargs: dict[str, Any]) -> str:
+    """A caller's stable id used instead of the pixels (still scoped to model and kwargs)."""
+    if not isinstance(uuid, str) or not uuid:
+        raise ValueError(f"image uuid must be a non-empty string, got {uuid!r}")
+    hasher = blake3.blake3(_prefix(model_id, processor_kwargs))
+    hasher.update(b"uuid\0" + uuid.encode())
+    return hasher.hexdigest()

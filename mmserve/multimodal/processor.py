@@ -1,0 +1,108 @@
+"""Prompt + images -> token ids with expanded placeholders and per-image (hash, offset, length)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from mmserve.config import ModelConfig
+from mmserve.core.outputs import MultiModalItem
+from mmserve.multimodal.hashing import hash_image, hash_uuid
+from mmserve.multimodal.media import load_image
+
+
+@dataclass
+class ProcessedPrompt:
+    prompt_token_ids: list[int]
+    mm_items: list[MultiModalItem]
+
+
+def _llava_image_inputs(
+    image_processor: Any, image: Image.Image, model_config: ModelConfig
+) -> tuple[Any, int]:
+    pixel_values = image_processor(images=image, return_tensors="np")["pixel_values"][0]
+    return pixel_values, model_config.max_tokens_per_image
+
+
+IMAGE_INPUTS = {"LlavaForConditionalGeneration": _llava_image_inputs}
+
+
+class InputProcessor:
+    """Tokenizes, loads and hashes images, runs the HF image processor, expands placeholders.
+
+    Runs at admission (off the event loop in the server), so every image is hashed exactly once.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tokenizer: Any,
+        image_processor: Any,
+        max_images: int,
+        allowed_local_path: Any = True,
+    ) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.max_images = max_images
+        self.allowed_local_path = allowed_local_path
+        self._image_inputs = IMAGE_INPUTS.get(model_config.architecture)
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt)["input_ids"])
+        ids = [int(t) for t in prompt]
+        vocab = self.model_config.hf_config.text_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        return ids
+
+    def process(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+    ) -> ProcessedPrompt:
+        ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("prompt is empty")
+        image_token = self.model_config.image_token_id
+        places = np.flatnonzero(ids == image_token) if image_token is not None else np.empty(0)
+        if len(places) != len(images):
+            raise ValueError(
+                f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"
+                " were given"
+            )
+        if len(images) > self.max_images:
+            raise ValueError(
+                f"{len(images)} images exceed the limit of {self.max_images} per prompt"
+                " (limit_mm_per_prompt)"
+            )
+        if uuids is not None and len(uuids) != len(images):
+            raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
+        if not len(images):
+            return ProcessedPrompt(ids.tolist(), [])
+        if self._image_inputs is None:
+            raise ValueError(f"model {self.model_config.model!r} does not accept images")
+        repeats = np.ones_like(ids)
+        items: list[MultiModalItem] = []
+        shift = 0
+        for i, (place, source) in enumerate(zip(places, images, strict=True)):
+            image = load_image(source, self.allowed_local_path)
+            uuid = uuids[i] if uuids is not None else None
+            kwargs, model_id = self.model_config.processor_kwargs, self.model_config.model
+            mm_hash = (
+                hash_uuid(uuid, model_id, kwargs)
+                if uuid is not None
+                else hash_image(image, model_id, kwargs)
+            )
+            data, length = self._image_inputs(self.image_processor, image, self.model_config)
+            repeats[place] = length
+            items.append(MultiModalItem(mm_hash, int(place) + shift, length, data))
+            shift += length - 1
+        return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)

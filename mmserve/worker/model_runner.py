@@ -1,0 +1,181 @@
+"""Turns a SchedulerOutput into one flat varlen forward pass and samples the next tokens."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from mmserve.core.outputs import (
+    ModelRunnerOutput,
+    MultiModalItem,
+    NewRequestData,
+    SchedulerOutput,
+)
+from mmserve.sampling_params import SamplingParams
+from mmserve.worker.attention import AttentionMetadata, PagedKVCache, PrefillSegment
+from mmserve.worker.encoder_runner import EncoderRunner
+from mmserve.worker.sampler import sample
+
+
+@dataclass
+class RequestState:
+    token_ids: list[int]
+    mm_items: list[MultiModalItem]
+    params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    generator: torch.Generator | None
+
+
+@dataclass
+class FlatBatch:
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    mm_dst: torch.Tensor  # flat indices whose embedding comes from an image
+    mm_src: list[torch.Tensor]  # image embedding slices, in mm_dst order
+    sample_idx: torch.Tensor
+    sample_req_ids: list[str]
+
+
+class ModelRunner:
+    """Owns the model, the paged KV cache and the per-request token/block state the worker needs.
+
+    Per step: forget ended requests, drop evicted embeddings, encode the scheduled images, then run
+    every scheduled token of every request in one forward pass.
+    """
+
+    def __init__(self, model, kv_cache: PagedKVCache, device: torch.device, seed: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = device
+        self.encoder = EncoderRunner(model)
+        self.states: dict[str, RequestState] = {}
+        self._seeds = random.Random(seed)
+
+    def _add_request(self, new: NewRequestData) -> None:
+        params = new.sampling_params
+        generator = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.states[new.req_id] = RequestState(
+            list(new.token_ids),
+            new.mm_items,
+            params,
+            list(new.block_ids),
+            new.num_computed_tokens,
+            generator,
+        )
+
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in sched.finished_req_ids:
+            self.states.pop(req_id, None)
+        self.encoder.drop(sched.freed_encoder_hashes)
+        for new in sched.new_requests:
+            self._add_request(new)
+        for cached in sched.cached_requests:
+            state = self.states[cached.req_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+        if sched.is_empty:
+            return ModelRunnerOutput()
+        seconds, images = self.encoder.encoder_seconds, self.encoder.num_images_encoded
+        self.encoder.encode(
+            [
+                self.states[req_id].mm_items[idx]
+                for req_id, indices in sched.scheduled_encoder_inputs.items()
+                for idx in indices
+            ]
+        )
+        batch = self._build_batch(sched)
+        with torch.inference_mode():
+            embeds = self.model.embed(batch.token_ids)
+            if batch.mm_src:
+                embeds[batch.mm_dst] = torch.cat(batch.mm_src).to(embeds.dtype)
+            hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta)
+            logits = self.model.compute_logits(hidden[batch.sample_idx])
+            states = [self.states[r] for r in batch.sample_req_ids]
+            tokens = sample(
+                logits, [s.params for s in states], [s.generator for s in states]
+            )
+        for req_id, n in sched.num_scheduled_tokens.items():
+            self.states[req_id].num_computed_tokens += n
+        for state, token in zip(states, tokens, strict=True):
+            state.token_ids.append(token)
+        return ModelRunnerOutput(
+            sampled_token_ids=dict(zip(batch.sample_req_ids, tokens, strict=True)),
+            encoder_seconds=self.encoder.encoder_seconds - seconds,
+            num_images_encoded=self.encoder.num_images_encoded - images,
+        )
+
+    def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
+        table = torch.tensor(block_ids, dtype=torch.long)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _build_batch(self, sched: SchedulerOutput) -> FlatBatch:
+        ids: list[int] = []
+        positions, slots, prefills = [], [], []
+        decode_idx, decode_slots = [], []
+        mm_dst, mm_src = [], []
+        sample_idx, sample_req_ids = [], []
+        offset = 0
+        for req_id, n in sched.num_scheduled_tokens.items():
+            state = self.states[req_id]
+            start, end = state.num_computed_tokens, state.num_computed_tokens + n
+            ids.extend(state.token_ids[start:end])
+            all_pos = torch.arange(end)
+            all_slots = self._slots(state.block_ids, all_pos)
+            positions.append(all_pos[start:])
+            slots.append(all_slots[start:])
+            if n == 1 and start > 0:
+                decode_idx.append(offset)
+                decode_slots.append(all_slots)
+            else:
+                mask = None
+                if start > 0:
+                    mask = (torch.arange(n)[:, None] + start) >= torch.arange(end)[None, :]
+                prefills.append(PrefillSegment(offset, n, all_slots, mask))
+            for item in state.mm_items:
+                lo, hi = max(start, item.offset), min(end, item.end)
+                if lo < hi:
+                    mm_dst.append(torch.arange(lo, hi) - start + offset)
+                    mm_src.append(self.encoder.get_slice(item, lo, hi))
+            if end == len(state.token_ids):
+                sample_idx.append(offset + n - 1)
+                sample_req_ids.append(req_id)
+            offset += n
+        max_ctx = max((s.numel() for s in decode_slots), default=0)
+        key_slots = torch.zeros(len(decode_slots), max_ctx, dtype=torch.long)
+        valid = torch.zeros(len(decode_slots), max_ctx, dtype=torch.bool)
+        for row, s in enumerate(decode_slots):
+            key_slots[row, : s.numel()] = s
+            valid[row, : s.numel()] = True
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slots).to(dev),
+            prefills=[
+                PrefillSegment(
+                    p.q_start,
+                    p.q_len,
+                    p.key_slots.to(dev),
+                    None if p.causal_mask is None else p.causal_mask.to(dev),
+                )
+                for p in prefills
+            ],
+            decode_token_idx=torch.tensor(decode_idx, dtype=torch.long, device=dev),
+            decode_key_slots=key_slots.to(dev),
+            decode_mask=valid[:, None, None, :].to(dev),
+        )
+        return FlatBatch(
+            token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.cat(positions).to(dev),
+            meta=meta,
+            mm_dst=torch.cat(mm_dst).to(dev) if mm_dst else torch.empty(0, dtype=torch.long),
+            mm_src=mm_src,
+            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=dev),
+            sample_req_ids=sample_req_ids,
+        )
