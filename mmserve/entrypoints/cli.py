@@ -1,0 +1,62 @@
+"""``mmserve`` command line: generate, tiny-model, serve, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mmserve.models.tiny import PRESET_NAMES
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from mmserve import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, seed=args.seed)
+    content: list[dict] = [{"type": "image_url", "image_url": {"url": p}} for p in args.image]
+    content.append({"type": "text", "text": args.prompt})
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    out = llm.chat([{"role": "user", "content": content}], params, use_tqdm=False)[0]
+    print(out.outputs[0].text)
+    return 0
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from mmserve.models.tiny import build_preset
+
+    path = build_preset(args.name, args.out)
+    print(f"wrote {args.name} to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete one prompt (with images) and print it")
+    gen.add_argument("--model", default="tiny-llava", help="preset name or HF checkpoint dir")
+    gen.add_argument("--image", action="append", default=[], help="image path or URL (repeat)")
+    gen.add_argument("--prompt", default="What is in this image?")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--dtype", default="float32")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_generate)
+
+    tiny = sub.add_parser("tiny-model", help="write a built-in random-weight checkpoint")
+    tiny.add_argument("name", choices=PRESET_NAMES)
+    tiny.add_argument("--out", required=True, help="output directory")
+    tiny.set_defaults(func=_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
