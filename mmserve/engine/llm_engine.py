@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mmserve.config import GiB, CacheConfig, EngineConfig, SchedulerConfig
+from mmserve.config import CacheConfig, EngineConfig, GiB, SchedulerConfig
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
 from mmserve.core.scheduler import Scheduler

@@ -56,7 +56,7 @@ class EncoderRunner:
         """Embeddings of prompt positions [start, end) that lie inside ``item``."""
         emb = self.embeddings.get(item.hash)
         if emb is None:
-            logger.error("image %s missing from the encoder cache at gather; re-encoding", item.hash)
+            logger.error("image %s missing at gather: encoding it again", item.hash)
             self.encode([item])
             emb = self.embeddings[item.hash]
         if emb.shape[0] != item.length:
