@@ -43,6 +43,7 @@ class CacheConfig:
     kv_cache_memory: int = 2 * GiB  # upper bound when num_kv_blocks is None
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "xxh3_128"
+    prefix_caching_seed: int | None = None  # None: a random root hash per process
     encoder_cache_memory: int = 1 * GiB
 
     def __post_init__(self) -> None:

@@ -38,6 +38,7 @@ class Request:
         mm_items: list[MultiModalItem] | None = None,
         eos_token_id: int | None = None,
         max_model_len: int | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -49,6 +50,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
+        self.cache_salt = cache_salt
+        self.block_hashes: list[bytes] = []  # one per full block of all_token_ids, see BlockHasher
         self.status = RequestStatus.WAITING
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None

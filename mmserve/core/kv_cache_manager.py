@@ -1,7 +1,8 @@
-"""Per-request block tables on top of the shared BlockPool."""
+"""Per-request block tables on top of the shared BlockPool, with multimodal prefix caching."""
 
 from __future__ import annotations
 
+from mmserve.core.block_hash import BlockHasher
 from mmserve.core.block_pool import BlockPool, KVBlock
 from mmserve.request import Request
 
@@ -11,22 +12,36 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    """Maps each request to the KV blocks that hold its tokens.
+    """Maps each request to the KV blocks that hold its tokens; shares full blocks by hash.
 
     Invariants:
     - ``req_blocks[r]`` has exactly cdiv(slots reserved for r, block_size) blocks, each with a
       reference held by r; slots are reserved for computed tokens plus tokens scheduled this step;
+    - the first ``num_hashed[r]`` blocks of r are registered in the pool under r's block hashes
+      (only full blocks whose tokens are computed or scheduled);
+    - a prefix hit never covers a request's last token (its logits are needed);
     - ``free(r)`` returns every reference r holds, tail first (so a request's last blocks are
-      evicted before its shared prefix);
+      evicted before its shared prefix); freed blocks keep their hash until reused;
     - after all requests are freed, every block is back in the pool's free queue.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        hash_algo: str = "xxh3_128",
+        hash_seed: int | None = None,
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.hasher = BlockHasher(hash_algo, hash_seed) if enable_prefix_caching else None
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.num_hashed: dict[str, int] = {}
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -34,6 +49,28 @@ class KVCacheManager:
 
     def block_ids(self, req_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(req_id, [])]
+
+    def update_block_hashes(self, request: Request) -> None:
+        """Hash the request's newly full blocks (once each); no-op without prefix caching."""
+        if self.hasher is not None:
+            self.hasher.extend(request, self.block_size)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix of ``request`` as (blocks, tokens); takes no references."""
+        if self.hasher is None:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_query(self, num_queried: int, num_hit: int) -> None:
+        self.prefix_cache_queries += num_queried
+        self.prefix_cache_hits += num_hit
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: list[KVBlock] = ()
@@ -54,8 +91,18 @@ class KVCacheManager:
         if num_needed > 0:
             added += self.pool.get_new_blocks(num_needed)
         blocks.extend(added)
+        if self.hasher is not None:
+            self._cache_full_blocks(request, blocks, total // self.block_size)
         return [b.block_id for b in added]
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_full: int) -> None:
+        done = self.num_hashed.get(request.req_id, 0)
+        num_full = min(num_full, len(request.block_hashes))
+        for i in range(done, num_full):
+            self.pool.cache_block(blocks[i], request.block_hashes[i])
+        self.num_hashed[request.req_id] = max(done, num_full)
 
     def free(self, request: Request) -> None:
         blocks = self.req_blocks.pop(request.req_id, [])
+        self.num_hashed.pop(request.req_id, None)
         self.pool.free_blocks(reversed(blocks))

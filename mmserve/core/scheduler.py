@@ -64,6 +64,7 @@ class Scheduler:
         if request.req_id in self.requests:
             raise ValueError(f"request id {request.req_id!r} is already in use")
         self.requests[request.req_id] = request
+        self.kv.update_block_hashes(request)
         self.waiting.append(request)
 
     def finish_requests(self, req_ids: list[str], status: RequestStatus) -> None:
@@ -147,12 +148,18 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
         while self.waiting and self._token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            request.num_computed_tokens = num_hit
             plan = self._plan(request)
-            if plan.num_new_tokens == 0:
-                break
-            new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
+            new_block_ids = None
+            if plan.num_new_tokens > 0:
+                new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
             if new_block_ids is None:
+                request.num_computed_tokens = 0
                 break
+            if request.status == RequestStatus.WAITING:  # first admission, not a resume
+                request.num_cached_tokens = num_hit
+                self.kv.record_prefix_query(request.num_tokens, num_hit)
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -201,6 +208,7 @@ class Scheduler:
             if token is None:
                 continue  # a prefill chunk that did not reach the end
             request.append_output_token(token)
+            self.kv.update_block_hashes(request)
             self.counters["generation_tokens"] += 1
             status = request.check_stop()
             if status is not None:

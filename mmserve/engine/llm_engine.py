@@ -60,7 +60,13 @@ class LLMEngine:
             self.device,
         )
         self.scheduler = Scheduler(
-            KVCacheManager(num_blocks, cc.block_size),
+            KVCacheManager(
+                num_blocks,
+                cc.block_size,
+                cc.enable_prefix_caching,
+                cc.prefix_caching_hash_algo,
+                cc.prefix_caching_seed,
+            ),
             EncoderCacheManager(capacity, mc.hidden_size * mc.dtype_bytes),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
@@ -86,6 +92,7 @@ class LLMEngine:
         kv_cache_memory: int = 1 * GiB,
         enable_prefix_caching: bool = True,
         prefix_caching_hash_algo: str = "xxh3_128",
+        prefix_caching_seed: int | None = None,
         encoder_cache_memory: int = 1 * GiB,
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 64,
@@ -103,6 +110,7 @@ class LLMEngine:
             kv_cache_memory=kv_cache_memory,
             enable_prefix_caching=enable_prefix_caching,
             prefix_caching_hash_algo=prefix_caching_hash_algo,
+            prefix_caching_seed=prefix_caching_seed,
             encoder_cache_memory=encoder_cache_memory,
         )
         sched_kwargs: dict[str, Any] = dict(
@@ -161,6 +169,7 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         prompt_text: str | None = None,
+        cache_salt: str | None = None,
     ) -> str:
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         request = Request(
@@ -170,6 +179,7 @@ class LLMEngine:
             processed.mm_items,
             eos_token_id=self.config.model.eos_token_id,
             max_model_len=self.max_model_len,
+            cache_salt=cache_salt,
         )
         self.scheduler.add_request(request)
         self._prompts[req_id] = prompt_text
@@ -260,4 +270,6 @@ class LLMEngine:
             "encoder_cache_capacity": enc.capacity,
             "encoder_cache_references": sum(len(r) for r in enc.referenced.values()),
             "encoder_seconds": runner_enc.encoder_seconds,
+            "prefix_cache_queries": sched.kv.prefix_cache_queries,
+            "prefix_cache_hits": sched.kv.prefix_cache_hits,
         }
