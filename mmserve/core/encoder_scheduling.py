@@ -31,6 +31,7 @@ def plan_encoder_inputs(
     start = request.num_computed_tokens
     plan = EncoderPlan(num_new_tokens)
     new_hashes: set[str] = set()
+    pinned: dict[str, int] = {}  # unreferenced entries this plan references: not evictable
     for idx, item in enumerate(request.mm_items):
         end = start + plan.num_new_tokens
         if item.offset >= end:
@@ -41,10 +42,18 @@ def plan_encoder_inputs(
             plan.num_new_tokens = item.offset - start
             break
         if item.hash in new_hashes or cache.contains(item.hash, item.length):
+            if item.hash in cache.unreferenced and item.hash not in pinned:
+                # pinning it must not take the space the encodes planned so far rely on
+                if not cache.can_allocate(
+                    plan.num_embeddings_to_encode + sum(pinned.values()) + item.length
+                ):
+                    plan.num_new_tokens = max(item.offset - start, 0)
+                    break
+                pinned[item.hash] = item.length
             plan.to_reference.append(idx)
             continue
         needed = plan.num_embeddings_to_encode + item.length
-        if needed > budget_left or not cache.can_allocate(needed):
+        if needed > budget_left or not cache.can_allocate(needed + sum(pinned.values())):
             plan.num_new_tokens = max(item.offset - start, 0)
             break
         plan.to_encode.append(idx)
@@ -58,14 +67,15 @@ def commit_encoder_plan(
 ) -> tuple[int, int]:
     """Take the references the plan needs. Returns (new cache hits, embeddings they saved)."""
     hits = saved = 0
+    new_hashes = {request.mm_items[idx].hash for idx in plan.to_encode}
+    for idx in plan.to_reference:  # pin cached entries before allocating can evict them
+        item = request.mm_items[idx]
+        if item.hash not in new_hashes and cache.add_ref(item.hash, request.req_id):
+            hits += 1
+            saved += item.length
     for idx in plan.to_encode:
         item = request.mm_items[idx]
         cache.allocate(item.hash, request.req_id, item.length)
-    for idx in plan.to_reference:
-        item = request.mm_items[idx]
-        if cache.add_ref(item.hash, request.req_id):
-            hits += 1
-            saved += item.length
     return hits, saved
 
 
