@@ -34,7 +34,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """``prompts``: a str / token-id list / {"prompt" | "prompt_token_ids", "images",
-        "uuids"} dict, or a list of them. Outputs come back in input order."""
+        "uuids", "cache_salt"} dict, or a list of them. Outputs come back in input order."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -53,7 +53,8 @@ class LLM:
         for conversation in conversations:
             conv, images, uuids = parse_chat_messages(conversation)
             prompt = render_chat(self.engine.tokenizer, conv)
-            inputs.append((prompt, images, uuids if any(u is not None for u in uuids) else None))
+            has_uuids = any(u is not None for u in uuids)
+            inputs.append((prompt, images, uuids if has_uuids else None, None))
         return self._run(inputs, sampling_params, use_tqdm)
 
     def _run(self, inputs, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
@@ -65,11 +66,12 @@ class LLM:
             raise ValueError(
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
-        processed = [self.engine.process_inputs(*inp) for inp in inputs]  # validate all first
+        processed = [self.engine.process_inputs(*inp[:3]) for inp in inputs]  # validate all first
         order = {}
-        for (prompt, _, _), proc, params in zip(inputs, processed, sampling_params, strict=True):
-            text = prompt if isinstance(prompt, str) else None
-            order[self.engine.add_processed(proc, params, prompt_text=text)] = len(order)
+        for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
+            text = inp[0] if isinstance(inp[0], str) else None
+            req_id = self.engine.add_processed(proc, params, prompt_text=text, cache_salt=inp[3])
+            order[req_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(inputs)
         bar = tqdm(total=len(inputs), disable=not use_tqdm, desc="generate")
         idle = 0
@@ -91,11 +93,10 @@ class LLM:
         return results  # type: ignore[return-value]
 
 
-def _as_input(prompt: Any) -> tuple[Any, list[Any], list[str | None] | None]:
-    if isinstance(prompt, str):
-        return prompt, [], None
-    if isinstance(prompt, list):
-        return prompt, [], None
+def _as_input(prompt: Any) -> tuple[Any, list[Any], list[str | None] | None, str | None]:
+    """(prompt text or ids, images, uuids, cache_salt)."""
+    if isinstance(prompt, (str, list)):
+        return prompt, [], None, None
     if isinstance(prompt, dict):
         text = prompt.get("prompt", prompt.get("prompt_token_ids"))
         if text is None:
@@ -103,5 +104,5 @@ def _as_input(prompt: Any) -> tuple[Any, list[Any], list[str | None] | None]:
         images = prompt.get("images", prompt.get("multi_modal_data", {}).get("image", []))
         if not isinstance(images, (list, tuple)):
             images = [images]
-        return text, list(images), prompt.get("uuids")
+        return text, list(images), prompt.get("uuids"), prompt.get("cache_salt")
     raise ValueError(f"unsupported prompt of type {type(prompt).__name__}")
