@@ -45,6 +45,7 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "xxh3_128"
     prefix_caching_seed: int | None = None  # None: a random root hash per process
     encoder_cache_memory: int = 1 * GiB
+    enable_encoder_cache: bool = True  # False: drop embeddings once no request needs them
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

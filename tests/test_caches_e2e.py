@@ -35,6 +35,16 @@ def test_same_image_in_two_requests_encoded_once(reference, images):
     assert_no_leaks(llm)
 
 
+def test_encoder_cache_off_reencodes_across_requests(reference, images):
+    llm = LLM("tiny-llava", enable_prefix_caching=False, enable_encoder_cache=False)
+    cases = [(prompt_with(1, "What is it?"), [images[0]])]
+    run(llm, reference, cases)
+    run(llm, reference, cases)
+    assert llm.get_metrics()["encoder_images_encoded"] == 2
+    assert llm.get_metrics()["encoder_cache_bytes"] == 0
+    assert_no_leaks(llm)
+
+
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_four_turn_chat_encodes_each_image_once(reference, images, prefix_caching):
     llm = LLM("tiny-llava", enable_prefix_caching=prefix_caching)

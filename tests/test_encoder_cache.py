@@ -63,3 +63,14 @@ def test_release_unknown_is_noop_and_all_free_at_end():
 def test_negative_capacity():
     with pytest.raises(ValueError, match="-1"):
         EncoderCacheManager(-1)
+
+
+def test_cross_request_caching_off_evicts_on_last_release():
+    cache = EncoderCacheManager(100, retain_unreferenced=False)
+    cache.allocate("a", "r1", 40)
+    cache.add_ref("a", "r2")
+    cache.release("a", "r1")
+    assert cache.contains("a", 40)  # r2 still needs it
+    cache.release("a", "r2")
+    assert not cache.contains("a", 40) and cache.num_free == 100
+    assert cache.take_freed() == ["a"]

@@ -15,14 +15,19 @@ class EncoderCacheManager:
     - only unreferenced entries are evicted, lazily, when an allocation needs their space;
     - every evicted hash is reported exactly once by ``take_freed()`` so the worker can drop it;
     - a hash maps to one embedding count: a hit with another count is a hash collision and
-      raises instead of splicing wrong embeddings.
+      raises instead of splicing wrong embeddings;
+    - with ``retain_unreferenced=False`` (cross-request caching off) an entry is evicted as soon
+      as its last reference is released, so only images in use are held.
     """
 
-    def __init__(self, capacity: int, bytes_per_embedding: int = 0) -> None:
+    def __init__(
+        self, capacity: int, bytes_per_embedding: int = 0, retain_unreferenced: bool = True
+    ) -> None:
         if capacity < 0:
             raise ValueError(f"encoder cache capacity must be >= 0, got {capacity}")
         self.capacity = capacity
         self.bytes_per_embedding = bytes_per_embedding
+        self.retain_unreferenced = retain_unreferenced
         self.num_free = capacity
         self.sizes: dict[str, int] = {}
         self.referenced: dict[str, set[str]] = {}
@@ -95,10 +100,16 @@ class EncoderCacheManager:
         if refs is None or req_id not in refs:
             return
         refs.discard(req_id)
-        if not refs:
-            del self.referenced[mm_hash]
+        if refs:
+            return
+        del self.referenced[mm_hash]
+        if self.retain_unreferenced:
             self.unreferenced[mm_hash] = None
             self._num_evictable += self.sizes[mm_hash]
+        else:
+            self.num_free += self.sizes.pop(mm_hash)
+            self._freed.append(mm_hash)
+            self.num_evictions += 1
 
     def release_all(self, req_id: str, mm_hashes: list[str]) -> None:
         for mm_hash in mm_hashes:

@@ -67,7 +67,9 @@ class LLMEngine:
                 cc.prefix_caching_hash_algo,
                 cc.prefix_caching_seed,
             ),
-            EncoderCacheManager(capacity, mc.hidden_size * mc.dtype_bytes),
+            EncoderCacheManager(
+                capacity, mc.hidden_size * mc.dtype_bytes, cc.enable_encoder_cache
+            ),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
             encoder_compute_budget=self.encoder_budget,
@@ -94,6 +96,7 @@ class LLMEngine:
         prefix_caching_hash_algo: str = "xxh3_128",
         prefix_caching_seed: int | None = None,
         encoder_cache_memory: int = 1 * GiB,
+        enable_encoder_cache: bool = True,
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 64,
         disable_chunked_mm_input: bool = False,
@@ -112,6 +115,7 @@ class LLMEngine:
             prefix_caching_hash_algo=prefix_caching_hash_algo,
             prefix_caching_seed=prefix_caching_seed,
             encoder_cache_memory=encoder_cache_memory,
+            enable_encoder_cache=enable_encoder_cache,
         )
         sched_kwargs: dict[str, Any] = dict(
             max_num_batched_tokens=max_num_batched_tokens,

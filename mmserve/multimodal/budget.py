@@ -61,10 +61,12 @@ def _validated(name: str, value: int | None, per_item: int) -> int | None:
 def encoder_cache_capacity(
     model_config: ModelConfig, scheduler_config: SchedulerConfig, cache_config: CacheConfig
 ) -> int:
-    """Embeddings the encoder cache holds: an explicit ``encoder_cache_size`` as given, else the
-    larger of the per-step floor and what ``encoder_cache_memory`` holds at the model's width."""
+    """Embeddings the encoder cache holds: an explicit ``encoder_cache_size`` as given, the
+    per-step floor when cross-request caching is off, else the larger of the floor and what
+    ``encoder_cache_memory`` holds at the model's width."""
     _, floor = compute_encoder_budget(model_config, scheduler_config)
-    if scheduler_config.encoder_cache_size is not None or floor == 0:
+    explicit = scheduler_config.encoder_cache_size is not None
+    if explicit or floor == 0 or not cache_config.enable_encoder_cache:
         return floor
     bytes_per_embedding = model_config.hidden_size * model_config.dtype_bytes
     return max(floor, cache_config.encoder_cache_memory // max(bytes_per_embedding, 1))
