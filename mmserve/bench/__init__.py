@@ -1,0 +1,1 @@
+"""Reproducible benchmark workloads (``mmserve bench <workload>``)."""
