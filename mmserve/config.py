@@ -23,7 +23,7 @@ class ModelConfig:
     max_model_len: int = 2048
     hidden_size: int = 0
     image_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
     max_tokens_per_image: int = 0  # largest embedding count one image can produce
     processor_kwargs: dict[str, Any] = field(default_factory=dict)
 

@@ -36,7 +36,7 @@ class Request:
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
         mm_items: list[MultiModalItem] | None = None,
-        eos_token_id: int | None = None,
+        eos_token_ids: tuple[int, ...] = (),
         max_model_len: int | None = None,
         cache_salt: str | None = None,
     ) -> None:
@@ -44,7 +44,7 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.mm_items = sorted(mm_items or [], key=lambda item: item.offset)
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -78,7 +78,7 @@ class Request:
         """Finished status implied by the last generated token, or None to keep going."""
         params = self.sampling_params
         last = self.output_token_ids[-1]
-        if not params.ignore_eos and last == self.eos_token_id:
+        if not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if last in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED

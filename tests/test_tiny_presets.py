@@ -218,5 +218,7 @@ def test_resolve_tolerates_concurrent_builder(
 
 
 def test_public_api() -> None:
-    assert PRESET_NAMES == ("tiny-llava", "tiny-llava-small")
+    assert PRESET_NAMES == (
+        "tiny-llava", "tiny-llava-small", "tiny-qwen2-vl", "tiny-qwen2-vl-small"
+    )
     assert set(tiny.__all__) >= {"PRESET_NAMES", "build_preset", "resolve_model_path"}

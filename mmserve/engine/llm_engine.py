@@ -181,7 +181,7 @@ class LLMEngine:
             processed.prompt_token_ids,
             params,
             processed.mm_items,
-            eos_token_id=self.config.model.eos_token_id,
+            eos_token_ids=self.config.model.eos_token_ids,
             max_model_len=self.max_model_len,
             cache_salt=cache_salt,
         )

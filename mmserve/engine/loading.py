@@ -34,9 +34,7 @@ def build_model_config(
     limit = text.max_position_embeddings
     if max_model_len is not None and not 1 < max_model_len <= limit:
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
-    eos = getattr(text, "eos_token_id", None)
-    if isinstance(eos, list):
-        eos = eos[0]
+    eos = _eos_token_ids(path, text)
     kwargs = dict(processor_kwargs or {})
     return ModelConfig(
         model=model,
@@ -47,10 +45,24 @@ def build_model_config(
         max_model_len=max_model_len or limit,
         hidden_size=text.hidden_size,
         image_token_id=getattr(hf_config, "image_token_id", None),
-        eos_token_id=eos,
+        eos_token_ids=eos,
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
         processor_kwargs=kwargs,
     )
+
+
+def _eos_token_ids(path: Path, text_config: Any) -> tuple[int, ...]:
+    """Every eos id of the text config and generation_config.json (chat models list several)."""
+    ids: list[int] = []
+    sources = [getattr(text_config, "eos_token_id", None)]
+    gen_file = path / "generation_config.json"
+    if gen_file.exists():
+        sources.append(json.loads(gen_file.read_text()).get("eos_token_id"))
+    for value in sources:
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -108,9 +108,19 @@ def rope_theta(cfg) -> float:
 
 
 class LlamaModel(nn.Module):
-    """Embeddings + decoder layers + final norm; input is already-spliced embeddings."""
+    """Embeddings + decoder layers + final norm; input is already-spliced embeddings.
 
-    def __init__(self, cfg, qkv_bias: bool | None = None, o_bias: bool | None = None) -> None:
+    ``rotary_emb`` replaces the default RoPE (e.g. ``MRotaryEmbedding``, whose positions are
+    [3, T] instead of [T]); it is called as ``rotary_emb(positions, dtype) -> (cos, sin)``.
+    """
+
+    def __init__(
+        self,
+        cfg,
+        qkv_bias: bool | None = None,
+        o_bias: bool | None = None,
+        rotary_emb: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         bias = getattr(cfg, "attention_bias", False)
         qkv_bias = bias if qkv_bias is None else qkv_bias
@@ -120,7 +130,9 @@ class LlamaModel(nn.Module):
             DecoderLayer(cfg, i, qkv_bias, o_bias) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(self.layers[0].self_attn.head_dim, rope_theta(cfg))
+        if rotary_emb is None:
+            rotary_emb = RotaryEmbedding(self.layers[0].self_attn.head_dim, rope_theta(cfg))
+        self.rotary_emb = rotary_emb
 
     def forward(
         self,
@@ -134,3 +146,34 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, cache, meta)
         return self.norm(x)
+
+
+class LlamaLMHeadMixin:
+    """The text half of mmserve's model contract for a VLM holding ``language_model``
+    (``LlamaModel``) and ``lm_head``: KV geometry, ``embed``, ``forward``, ``compute_logits``.
+    Call ``_set_kv_geometry(text_config)`` at the end of ``__init__``."""
+
+    language_model: LlamaModel
+    lm_head: nn.Linear
+
+    def _set_kv_geometry(self, text_config) -> None:
+        attn = self.language_model.layers[0].self_attn
+        self.num_layers = text_config.num_hidden_layers
+        self.num_kv_heads = attn.num_kv_heads
+        self.head_dim = attn.head_dim
+
+    @staticmethod
+    def tied_weights(hf_config) -> dict[str, str]:
+        """``lm_head.weight`` copies the input embeddings when the checkpoint ties them."""
+        if not getattr(hf_config, "tie_word_embeddings", False):
+            return {}
+        return {"lm_head.weight": "language_model.embed_tokens.weight"}
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.language_model.embed_tokens(token_ids)
+
+    def forward(self, inputs_embeds, positions, cache, meta) -> torch.Tensor:
+        return self.language_model(inputs_embeds, positions, cache, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

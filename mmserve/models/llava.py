@@ -10,7 +10,7 @@ from torch import nn
 from transformers import CLIPVisionModel
 from transformers.activations import ACT2FN
 
-from mmserve.models.llama import LlamaModel
+from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
@@ -35,7 +35,7 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(nn.Module):
+class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
     """Model contract used by the runner: ``encode_images``, ``embed``, ``forward``,
     ``compute_logits`` and the KV geometry (``num_layers``, ``num_kv_heads``, ``head_dim``)."""
 
@@ -54,10 +54,7 @@ class LlavaForConditionalGeneration(nn.Module):
         )
         self.language_model = LlamaModel(text)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
-        attn = self.language_model.layers[0].self_attn
-        self.num_layers = text.num_hidden_layers
-        self.num_kv_heads = attn.num_kv_heads
-        self.head_dim = attn.head_dim
+        self._set_kv_geometry(text)
 
     @staticmethod
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
@@ -66,10 +63,9 @@ class LlavaForConditionalGeneration(nn.Module):
         return patches + (1 if hf_config.vision_feature_select_strategy == "full" else 0)
 
     def load_weights(self, checkpoint_dir) -> None:
-        tied = {"lm_head.weight": "language_model.embed_tokens.weight"}
-        if not getattr(self.config, "tie_word_embeddings", False):
-            tied = {}
-        load_safetensors(self, checkpoint_dir, LLAVA_RENAME_RULES, tied)
+        load_safetensors(
+            self, checkpoint_dir, LLAVA_RENAME_RULES, self.tied_weights(self.config)
+        )
 
     def encode_images(self, pixel_values: list[Any]) -> list[torch.Tensor]:
         """One batched vision pass; returns [num_embeddings, hidden] per image."""
@@ -82,12 +78,3 @@ class LlavaForConditionalGeneration(nn.Module):
         if self.config.vision_feature_select_strategy == "default":
             feats = feats[:, 1:]
         return list(self.multi_modal_projector(feats))
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(token_ids)
-
-    def forward(self, inputs_embeds, positions, cache, meta) -> torch.Tensor:
-        return self.language_model(inputs_embeds, positions, cache, meta)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from mmserve.models.llava import LlavaForConditionalGeneration
+from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 
 MODEL_REGISTRY: dict[str, type] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
 }
 
 

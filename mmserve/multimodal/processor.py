@@ -28,7 +28,21 @@ def _llava_image_inputs(
     return pixel_values, model_config.max_tokens_per_image
 
 
-IMAGE_INPUTS = {"LlavaForConditionalGeneration": _llava_image_inputs}
+def _qwen2_vl_image_inputs(
+    image_processor: Any, image: Image.Image, model_config: ModelConfig
+) -> tuple[dict[str, Any], int]:
+    """Dynamic resolution: flat patches + (t, h, w) patch grid; one embedding (and one
+    ``<|image_pad|>``) per merge_size x merge_size block of patches."""
+    out = image_processor(images=image, return_tensors="np")
+    grid = tuple(int(x) for x in out["image_grid_thw"][0])
+    length = grid[0] * grid[1] * grid[2] // image_processor.merge_size**2
+    return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}, length
+
+
+IMAGE_INPUTS = {
+    "LlavaForConditionalGeneration": _llava_image_inputs,
+    "Qwen2VLForConditionalGeneration": _qwen2_vl_image_inputs,
+}
 
 
 class InputProcessor:

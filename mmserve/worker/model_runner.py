@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from mmserve.worker.attention import AttentionMetadata, PagedKVCache, PrefillSeg
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.sampler import sample
 
+if TYPE_CHECKING:
+    from mmserve.models.mrope import MRopePositions
+
 
 @dataclass
 class RequestState:
@@ -27,12 +31,14 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     generator: torch.Generator | None
+    # M-RoPE models only: [3, n] positions of the tokens known at admission + decode offset.
+    mrope: MRopePositions | None = None
 
 
 @dataclass
 class FlatBatch:
     token_ids: torch.Tensor
-    positions: torch.Tensor
+    positions: torch.Tensor  # [T], or [3, T] for M-RoPE models
     meta: AttentionMetadata
     mm_dst: torch.Tensor  # flat indices whose embedding comes from an image
     mm_src: list[torch.Tensor]  # image embedding slices, in mm_dst order
@@ -45,6 +51,10 @@ class ModelRunner:
 
     Per step: forget ended requests, drop evicted embeddings, encode the scheduled images, then run
     every scheduled token of every request in one forward pass.
+
+    Positions are token indices, except for models with ``uses_mrope``: their
+    ``mrope_positions(num_tokens, mm_items)`` is computed once when the worker (re)sees a request
+    and each chunk or decode step takes a slice of it (``MRopePositions.slice``).
     """
 
     def __init__(self, model, kv_cache: PagedKVCache, device: torch.device, seed: int) -> None:
@@ -55,6 +65,7 @@ class ModelRunner:
         self.encoder = EncoderRunner(model)
         self.states: dict[str, RequestState] = {}
         self._seeds = random.Random(seed)
+        self.uses_mrope = bool(getattr(model, "uses_mrope", False))
 
     def _add_request(self, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -69,6 +80,9 @@ class ModelRunner:
             list(new.block_ids),
             new.num_computed_tokens,
             generator,
+            self.model.mrope_positions(len(new.token_ids), new.mm_items)
+            if self.uses_mrope
+            else None,
         )
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -129,7 +143,10 @@ class ModelRunner:
             ids.extend(state.token_ids[start:end])
             all_pos = torch.arange(end)
             all_slots = self._slots(state.block_ids, all_pos)
-            positions.append(all_pos[start:])
+            if state.mrope is None:
+                positions.append(all_pos[start:])
+            else:
+                positions.append(state.mrope.slice(start, end))
             slots.append(all_slots[start:])
             if n == 1 and start > 0:
                 decode_idx.append(offset)
@@ -172,7 +189,7 @@ class ModelRunner:
         )
         return FlatBatch(
             token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.cat(positions).to(dev),
+            positions=torch.cat(positions, dim=-1).to(dev),
             meta=meta,
             mm_dst=torch.cat(mm_dst).to(dev) if mm_dst else torch.empty(0, dtype=torch.long),
             mm_src=mm_src,

@@ -1,4 +1,5 @@
-"""Built-in tiny random-weight LLaVA checkpoints ("presets"), built locally with no hub access."""
+"""Built-in tiny random-weight LLaVA and Qwen2-VL checkpoints ("presets"), built locally with no
+hub access."""
 
 from .cache import default_cache_dir, resolve_model_path
 from .presets import (
@@ -11,7 +12,14 @@ from .presets import (
     count_parameters,
     make_config,
 )
-from .tokenizer import CHAT_TEMPLATE, SPECIAL_TOKEN_IDS, build_tokenizer
+from .qwen2_vl import Qwen2VLPresetSpec
+from .tokenizer import (
+    CHAT_TEMPLATE,
+    QWEN_CHAT_TEMPLATE,
+    QWEN_SPECIAL_TOKEN_IDS,
+    SPECIAL_TOKEN_IDS,
+    build_tokenizer,
+)
 
 __all__ = [
     "BUILD_VERSION",
@@ -20,6 +28,9 @@ __all__ = [
     "PRESET_NAMES",
     "SPECIAL_TOKEN_IDS",
     "PresetSpec",
+    "QWEN_CHAT_TEMPLATE",
+    "QWEN_SPECIAL_TOKEN_IDS",
+    "Qwen2VLPresetSpec",
     "build_model",
     "build_preset",
     "build_tokenizer",

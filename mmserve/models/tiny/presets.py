@@ -1,10 +1,12 @@
-"""Tiny random-weight LLaVA-1.5 checkpoints ("presets") built locally in the Hugging Face layout.
+"""Tiny random-weight checkpoints ("presets") built locally in the Hugging Face layout.
 
-``build_preset(name, out_dir)`` writes ``config.json``, ``generation_config.json``,
-``model.safetensors`` (float32), the tokenizer files with ``chat_template.jinja``,
-``preprocessor_config.json`` (``CLIPImageProcessorPil``) and ``processor_config.json``
-(``LlavaProcessor``), all loadable with ``transformers``' ``from_pretrained(out_dir)``.
-Builds are deterministic: the same name always gives byte-identical files.
+LLaVA-1.5 presets (``PresetSpec``): ``build_preset(name, out_dir)`` writes ``config.json``,
+``generation_config.json``, ``model.safetensors`` (float32), the tokenizer files with
+``chat_template.jinja``, ``preprocessor_config.json`` (``CLIPImageProcessorPil``) and
+``processor_config.json`` (``LlavaProcessor``), all loadable with ``transformers``'
+``from_pretrained(out_dir)``. Qwen2-VL presets (``Qwen2VLPresetSpec``, see ``qwen2_vl.py``) share
+the weight drawing, tokenizer training and build steps. Builds are deterministic: the same name
+always gives byte-identical files.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -25,10 +28,21 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
+    PreTrainedTokenizerFast,
 )
 from transformers.utils import logging as hf_logging
 
-from .tokenizer import BOS, EOS, IMAGE, PAD, SPECIAL_TOKEN_IDS, build_tokenizer
+from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
+from .tokenizer import (
+    BOS,
+    EOS,
+    IMAGE,
+    LLAVA,
+    PAD,
+    SPECIAL_TOKEN_IDS,
+    TokenizerFlavor,
+    build_tokenizer,
+)
 
 BUILD_VERSION = 1  # bump whenever the bytes a build writes change (invalidates caches)
 SEED = 20240601
@@ -55,13 +69,46 @@ class PresetSpec:
     vocab_size: int
     max_position_embeddings: int
 
+    flavor: ClassVar[TokenizerFlavor] = LLAVA
+    model_class: ClassVar[type] = LlavaForConditionalGeneration
+
     @property
     def num_image_tokens(self) -> int:
         """Image embeddings per image (CLS dropped by ``vision_feature_select_strategy``)."""
         return (self.image_size // self.patch_size) ** 2
 
+    def make_config(self) -> LlavaConfig:
+        return _make_llava_config(self)
 
-PRESETS: dict[str, PresetSpec] = {
+    def generation_ids(self) -> dict[str, Any]:
+        return {
+            "bos_token_id": SPECIAL_TOKEN_IDS[BOS],
+            "eos_token_id": SPECIAL_TOKEN_IDS[EOS],
+            "pad_token_id": SPECIAL_TOKEN_IDS[PAD],
+        }
+
+    def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+        """``LlavaProcessor`` files, tokenizer files and ``preprocessor_config.json``."""
+        image_processor = CLIPImageProcessorPil(
+            size={"shortest_edge": self.image_size},
+            crop_size={"height": self.image_size, "width": self.image_size},
+        )
+        processor = LlavaProcessor(
+            image_processor=image_processor, tokenizer=tokenizer, patch_size=self.patch_size,
+            vision_feature_select_strategy="default", chat_template=tokenizer.chat_template,
+            image_token=IMAGE,
+            # LlavaProcessor counts (patches + additional) - 1 for the "default" strategy, so
+            # the CLS token must be declared here to get exactly num_image_tokens placeholders.
+            num_additional_image_tokens=1,
+        )
+        processor.save_pretrained(out)  # tokenizer files, chat_template.jinja, processor_config
+        tokenizer.save_pretrained(out)
+        image_processor.save_pretrained(out)  # preprocessor_config.json
+
+
+AnySpec = PresetSpec | Qwen2VLPresetSpec
+
+PRESETS: dict[str, AnySpec] = {
     # ~0.87M params, for CI. 64x64 images, 4x4 patches -> 256 image tokens.
     "tiny-llava": PresetSpec(
         image_size=64, patch_size=4, vision_hidden=32, vision_layers=2, vision_heads=2,
@@ -74,11 +121,12 @@ PRESETS: dict[str, PresetSpec] = {
         vision_intermediate=768, text_hidden=512, text_intermediate=896, text_layers=4,
         text_heads=8, text_kv_heads=4, vocab_size=4096, max_position_embeddings=8192,
     ),
+    **QWEN2_VL_PRESETS,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
 
-def get_spec(name: str) -> PresetSpec:
+def get_spec(name: str) -> AnySpec:
     """Return the spec of preset ``name`` or raise ``ValueError`` listing the valid names."""
     try:
         return PRESETS[name]
@@ -88,7 +136,12 @@ def get_spec(name: str) -> PresetSpec:
         ) from None
 
 
-def make_config(spec: PresetSpec) -> LlavaConfig:
+def make_config(spec: AnySpec) -> Any:
+    """The HF config of ``spec`` (``LlavaConfig`` or ``Qwen2VLConfig``)."""
+    return spec.make_config()
+
+
+def _make_llava_config(spec: PresetSpec) -> LlavaConfig:
     """Build the ``LlavaConfig`` (with its CLIP vision and LLaMA text sub-configs) for ``spec``."""
     vision = CLIPVisionConfig(
         hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate,
@@ -119,8 +172,9 @@ def make_config(spec: PresetSpec) -> LlavaConfig:
 
 def count_parameters(name: str) -> int:
     """Total parameter count of preset ``name`` (counted on the meta device, no weights)."""
+    spec = get_spec(name)
     with torch.device("meta"):
-        model = LlavaForConditionalGeneration(make_config(get_spec(name)))
+        model = spec.model_class(spec.make_config())
     return sum(p.numel() for p in model.parameters())
 
 
@@ -141,17 +195,15 @@ def randomize_weights(model: nn.Module, seed: int = SEED) -> None:
             param.copy_(torch.randn(param.shape, generator=gen) * BIAS_STD)
 
 
-def build_model(name: str) -> LlavaForConditionalGeneration:
+def build_model(name: str) -> nn.Module:
     """Construct preset ``name`` in float32 with deterministic random weights."""
-    config = make_config(get_spec(name))
+    spec = get_spec(name)
+    config = spec.make_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = LlavaForConditionalGeneration(config).to(torch.float32)
+        model = spec.model_class(config).to(torch.float32)
     randomize_weights(model)
-    model.generation_config = GenerationConfig(
-        bos_token_id=SPECIAL_TOKEN_IDS[BOS], eos_token_id=SPECIAL_TOKEN_IDS[EOS],
-        pad_token_id=SPECIAL_TOKEN_IDS[PAD], do_sample=False,
-    )
+    model.generation_config = GenerationConfig(**spec.generation_ids(), do_sample=False)
     return model.eval()
 
 
@@ -172,25 +224,11 @@ def build_preset(name: str, out_dir: str | Path) -> Path:
     spec = get_spec(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec.vocab_size, spec.max_position_embeddings)
-    image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": spec.image_size},
-        crop_size={"height": spec.image_size, "width": spec.image_size},
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=spec.patch_size,
-        vision_feature_select_strategy="default", chat_template=tokenizer.chat_template,
-        image_token=IMAGE,
-        # LlavaProcessor counts (patches + additional) - 1 for the "default" strategy, so the
-        # CLS token must be declared here to get exactly num_image_tokens placeholders.
-        num_additional_image_tokens=1,
-    )
+    tokenizer = build_tokenizer(spec.vocab_size, spec.max_position_embeddings, spec.flavor)
     model = build_model(name)
     with _quiet_progress_bars():
         model.save_pretrained(out)
-    processor.save_pretrained(out)  # tokenizer files, chat_template.jinja, processor_config
-    tokenizer.save_pretrained(out)
-    image_processor.save_pretrained(out)  # preprocessor_config.json
+    spec.save_processors(out, tokenizer)
     marker = {"preset": name, "build_version": BUILD_VERSION, "seed": SEED, **asdict(spec)}
     (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     return out

@@ -1,0 +1,170 @@
+"""Qwen2-VL: transformers' vision transformer + patch merger, mmserve's Qwen2 decoder with M-RoPE.
+
+Images arrive as the PIL image processor's flat patches plus their (t, h, w) patch grid
+(``{"pixel_values": [t*h*w, C*T*p*p], "image_grid_thw": (t, h, w)}``); each image yields
+t*h*w / merge_size**2 embeddings, one per ``<|image_pad|>`` token after mmserve's expansion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+from mmserve.core.outputs import MultiModalItem
+from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel, rope_theta
+from mmserve.models.loader import load_safetensors
+from mmserve.models.mrope import MRopePositions, MRotaryEmbedding, mrope_positions
+
+# checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
+QWEN2_VL_RENAME_RULES = [
+    (r"^model\.language_model\.", "language_model."),
+    (r"^model\.visual\.", "visual."),
+    (r"^model\.(?=(embed_tokens|layers|norm)\.)", "language_model."),
+]
+MAX_ASPECT_RATIO = 200  # smart_resize rejects more elongated images
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """The image processor settings that decide how many embeddings an image becomes."""
+
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    merge_size: int
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+def image_limits(hf_config: Any, processor_kwargs: dict | None = None) -> ImageLimits:
+    """Limits of the checkpoint's ``preprocessor_config.json`` overridden by
+    ``processor_kwargs`` (loaded exactly as the engine loads the image processor)."""
+    kwargs = dict(processor_kwargs or {})
+    path = Path(getattr(hf_config, "_name_or_path", "") or "")
+    if str(path) and (path / "preprocessor_config.json").is_file():
+        proc = Qwen2VLImageProcessorPil.from_pretrained(path, **kwargs)
+    else:
+        proc = Qwen2VLImageProcessorPil(**kwargs)
+    limits = ImageLimits(
+        int(proc.size["shortest_edge"]), int(proc.size["longest_edge"]),
+        int(proc.patch_size), int(proc.merge_size),
+    )
+    vision = hf_config.vision_config
+    if (limits.patch_size, limits.merge_size) != (vision.patch_size, vision.spatial_merge_size):
+        raise ValueError(
+            f"image processor patch_size/merge_size ({limits.patch_size}, {limits.merge_size})"
+            f" do not match the vision tower's ({vision.patch_size}, {vision.spatial_merge_size})"
+        )
+    if not 0 < limits.min_pixels <= limits.max_pixels:
+        raise ValueError(f"need 0 < min_pixels <= max_pixels, got {limits}")
+    return limits
+
+
+def max_image_tokens(limits: ImageLimits) -> int:
+    """The largest embedding count ``smart_resize`` can give any image it accepts.
+
+    Resized sides are multiples of ``factor``; embeddings = h_bar * w_bar / factor**2. Three
+    branches: sizes whose rounding lands in [min_pixels, max_pixels] are kept (exact search),
+    larger ones are scaled down (floor, but never below one factor: elongated images can exceed
+    max_pixels), smaller ones up (ceil, can exceed min_pixels).
+    """
+    f, p = limits.factor, limits.max_pixels
+    m = limits.min_pixels / f**2
+    best = 0
+    for a in range(1, math.isqrt(p // f**2) + 1):  # kept: round(h/f) = a <= b = round(w/f)
+        b = min(p // f**2 // a, _largest_b(a, f))
+        if b >= a and a * b * f * f >= limits.min_pixels:
+            best = max(best, a * b)
+    x_min = math.sqrt(p / MAX_ASPECT_RATIO)  # downscaled: short side x = h / beta >= x_min
+    if x_min < 2 * f:
+        best = max(best, math.floor(math.sqrt(p * MAX_ASPECT_RATIO) / f))
+    for a in range(2, math.isqrt(p) // f + 1):
+        x = max(a * f, x_min)
+        if x < (a + 1) * f:
+            best = max(best, a * math.floor(p / x / f))
+    u_min = math.sqrt(m / MAX_ASPECT_RATIO)  # upscaled: ceil(u) * ceil(m / u), u*v = m
+    for a in range(max(1, math.ceil(u_min)), math.ceil(math.sqrt(m)) + 1):
+        u = max(a - 1, u_min)
+        if 0 < u <= a:
+            best = max(best, a * math.ceil(m / u))
+    return best
+
+
+def _largest_b(a: int, f: int) -> int:
+    """Largest round(w / f) with w <= MAX_ASPECT_RATIO * h for some h with round(h / f) = a."""
+    h = math.ceil((a + 0.5) * f)
+    while round(h / f) != a:
+        h -= 1
+    return round(MAX_ASPECT_RATIO * h / f)
+
+
+class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
+    """Model contract of mmserve (see ``LlavaForConditionalGeneration``) plus M-RoPE:
+    ``uses_mrope`` and ``mrope_positions(num_tokens, mm_items)``."""
+
+    uses_mrope = True
+
+    def __init__(self, hf_config: Any) -> None:
+        super().__init__()
+        text, vision = hf_config.text_config, hf_config.vision_config
+        if getattr(text, "use_sliding_window", False):
+            raise ValueError("Qwen2-VL with sliding-window attention is not supported")
+        self.config = hf_config
+        self.merge_size = vision.spatial_merge_size
+        self.visual = Qwen2VisionTransformerPretrainedModel(vision)
+        head_dim = text.hidden_size // text.num_attention_heads
+        section = (text.rope_parameters or {}).get("mrope_section", [16, 24, 24])
+        rotary = MRotaryEmbedding(head_dim, rope_theta(text), section)
+        self.language_model = LlamaModel(text, qkv_bias=True, o_bias=False, rotary_emb=rotary)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self._set_kv_geometry(text)
+
+    @staticmethod
+    def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        return max_image_tokens(image_limits(hf_config, processor_kwargs))
+
+    def load_weights(self, checkpoint_dir) -> None:
+        load_safetensors(
+            self, checkpoint_dir, QWEN2_VL_RENAME_RULES, self.tied_weights(self.config)
+        )
+        # The vision rotary table is a non-persistent buffer (garbage after meta init).
+        rotary = self.visual.rotary_pos_emb
+        inv_freq, _ = rotary.compute_axial_rope_parameters(self.config.vision_config)
+        rotary.inv_freq = inv_freq.to(self.lm_head.weight.device)
+        rotary.original_inv_freq = rotary.inv_freq.clone()
+
+    def encode_images(self, images: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """One vision pass over the concatenated patches of all images (attention stays within
+        each image); returns [t*h*w / merge**2, hidden] per image."""
+        param = self.visual.patch_embed.proj.weight
+        pixels = torch.cat([torch.as_tensor(np.asarray(d["pixel_values"])) for d in images])
+        grid = torch.tensor(
+            [list(d["image_grid_thw"]) for d in images], dtype=torch.long, device=param.device
+        )
+        out = self.visual(pixels.to(device=param.device, dtype=param.dtype), grid_thw=grid)
+        sizes = (grid.prod(-1) // self.merge_size**2).tolist()
+        return list(out.pooler_output.split(sizes))
+
+    def mrope_positions(
+        self, num_tokens: int, mm_items: Sequence[MultiModalItem]
+    ) -> MRopePositions:
+        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.models.mrope``)."""
+        images = []
+        for item in mm_items:
+            t, h, w = (int(x) for x in item.data["image_grid_thw"])
+            grid = (t, h // self.merge_size, w // self.merge_size)
+            if grid[0] * grid[1] * grid[2] != item.length:
+                raise ValueError(f"image grid {grid} does not match {item.length} placeholders")
+            images.append((item.offset, grid))
+        return mrope_positions(num_tokens, images)
