@@ -26,23 +26,29 @@ def load_image(source: Any, allowed_local_path: Path | None | bool = True) -> Im
     ``allowed_local_path``: True allows any local file (offline API), a directory allows files
     below it only, None/False forbids local files (server default).
     """
+    raw = read_image_source(source, allowed_local_path)
+    return checked_image(raw) if isinstance(raw, Image.Image) else decode_image(raw)
+
+
+def read_image_source(source: Any, allowed_local_path: Path | None | bool = True) -> Any:
+    """The encoded bytes behind ``source`` (or the PIL image itself), size-capped, undecoded."""
     if isinstance(source, Image.Image):
-        return _checked(source)
+        return source
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _decode(bytes(source))
+        return bytes(source)
     if isinstance(source, Path):
-        return _decode(_read_local(source, allowed_local_path))
+        return _read_local(source, allowed_local_path)
     if not isinstance(source, str):
         raise ValueError(f"unsupported image input of type {type(source).__name__}")
     if source.startswith("data:"):
-        return _decode(_data_url_bytes(source))
+        return _data_url_bytes(source)
     if source.startswith(("http://", "https://")):
-        return _decode(_fetch(source))
+        return _fetch(source)
     if source.startswith("file://"):
-        return _decode(_read_local(Path(source[len("file://") :]), allowed_local_path))
+        return _read_local(Path(source[len("file://") :]), allowed_local_path)
     if "://" in source:
         raise ValueError(f"unsupported image URL scheme in {source[:40]!r}")
-    return _decode(_read_local(Path(source), allowed_local_path))
+    return _read_local(Path(source), allowed_local_path)
 
 
 def _data_url_bytes(url: str) -> bytes:
@@ -86,7 +92,7 @@ def _read_local(path: Path, allowed: Path | None | bool) -> bytes:
     return resolved.read_bytes()
 
 
-def _decode(data: bytes) -> Image.Image:
+def decode_image(data: bytes) -> Image.Image:
     if not data:
         raise ValueError("image data is empty")
     if len(data) > MAX_IMAGE_BYTES:
@@ -97,7 +103,7 @@ def _decode(data: bytes) -> Image.Image:
         image.load()
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
         raise ValueError(f"unreadable image: {exc}") from None
-    return _checked(image)
+    return checked_image(image)
 
 
 def _check_size(image: Image.Image) -> None:
@@ -110,6 +116,6 @@ def _check_size(image: Image.Image) -> None:
         )
 
 
-def _checked(image: Image.Image) -> Image.Image:
+def checked_image(image: Image.Image) -> Image.Image:
     _check_size(image)
     return image if image.mode == "RGB" else image.convert("RGB")

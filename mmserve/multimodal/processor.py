@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 import numpy as np
 from PIL import Image
 
 from mmserve.config import ModelConfig
 from mmserve.core.outputs import MultiModalItem
 from mmserve.multimodal.hashing import hash_image, hash_uuid
-from mmserve.multimodal.media import load_image
+from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
+from mmserve.multimodal.media import checked_image, decode_image, read_image_source
 
 
 @dataclass
@@ -65,6 +67,7 @@ class InputProcessor:
         self.max_images = max_images
         self.allowed_local_path = allowed_local_path
         self._image_inputs = IMAGE_INPUTS.get(model_config.architecture)
+        self.memo = ProcessedImageMemo()
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -107,16 +110,35 @@ class InputProcessor:
         items: list[MultiModalItem] = []
         shift = 0
         for i, (place, source) in enumerate(zip(places, images, strict=True)):
-            image = load_image(source, self.allowed_local_path)
+            prepared = self._prepare(source)
             uuid = uuids[i] if uuids is not None else None
-            kwargs, model_id = self.model_config.processor_kwargs, self.model_config.model
-            mm_hash = (
-                hash_uuid(uuid, model_id, kwargs)
-                if uuid is not None
-                else hash_image(image, model_id, kwargs)
-            )
-            data, length = self._image_inputs(self.image_processor, image, self.model_config)
+            mm_hash = prepared.mm_hash
+            if uuid is not None:
+                mm_hash = hash_uuid(
+                    uuid, self.model_config.model, self.model_config.processor_kwargs
+                )
+            length = prepared.length
             repeats[place] = length
-            items.append(MultiModalItem(mm_hash, int(place) + shift, length, data))
+            items.append(MultiModalItem(mm_hash, int(place) + shift, length, prepared.data))
             shift += length - 1
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
+
+    def _prepare(self, source: Any) -> PreparedImage:
+        """Decode, hash and preprocess one image, or take all three from the memo when these
+        exact bytes (or pixels) were seen before."""
+        raw = read_image_source(source, self.allowed_local_path)
+        image = checked_image(raw) if isinstance(raw, Image.Image) else None
+        mm_hash = self._content_hash(image) if image is not None else None
+        key = f"px:{mm_hash}" if image is not None else f"raw:{blake3.blake3(raw).hexdigest()}"
+        prepared = self.memo.get(key)
+        if prepared is None:
+            if image is None:
+                image = decode_image(raw)
+                mm_hash = self._content_hash(image)
+            data, length = self._image_inputs(self.image_processor, image, self.model_config)
+            prepared = PreparedImage(mm_hash, data, length)
+            self.memo.put(key, prepared)
+        return prepared
+
+    def _content_hash(self, image: Image.Image) -> str:
+        return hash_image(image, self.model_config.model, self.model_config.processor_kwargs)

@@ -1,0 +1,82 @@
+"""Admission: content hashes, uuid override, placeholder ranges, the preprocessing memo."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmserve import LLM
+from mmserve.multimodal.hashing import hash_image, hash_uuid
+from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
+
+PROMPT = "USER: <image>\nA <image>\nB ASSISTANT:"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return LLM("tiny-llava").engine
+
+
+def png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_hash_covers_pixels_mode_size_model_and_kwargs(images):
+    img = images[0]
+    base = hash_image(img, "m", {})
+    assert len(base) == 64  # 256-bit hex
+    assert hash_image(img.copy(), "m", {}) == base
+    assert hash_image(img, "other-model", {}) != base
+    assert hash_image(img, "m", {"max_pixels": 10}) != base
+    assert hash_image(img.convert("RGBA"), "m", {}) != base
+    flipped = Image.fromarray(np.asarray(img)[::-1].copy())
+    assert hash_image(flipped, "m", {}) != base
+    transposed = Image.frombytes("RGB", img.size[::-1], img.tobytes())  # same bytes, other size
+    assert hash_image(transposed, "m", {}) != base
+    assert hash_uuid("id-1", "m", {}) != hash_uuid("id-2", "m", {})
+    with pytest.raises(ValueError, match="uuid"):
+        hash_uuid("", "m", {})
+
+
+def test_items_carry_hash_offset_length_and_same_pixels_share_a_hash(engine, images):
+    processed = engine.process_inputs(PROMPT, [images[0], png(images[0])])
+    first, second = processed.mm_items
+    assert first.hash == second.hash  # PIL and PNG bytes of the same pixels
+    assert (first.length, second.length) == (256, 256)
+    ids = processed.prompt_token_ids
+    image_id = engine.config.model.image_token_id
+    for item in processed.mm_items:
+        assert ids[item.offset : item.end] == [image_id] * 256
+    assert second.offset > first.end
+
+
+def test_uuid_replaces_the_content_hash(engine, images):
+    a = engine.process_inputs(PROMPT, [images[0], images[1]], uuids=["same", "same"])
+    assert a.mm_items[0].hash == a.mm_items[1].hash
+    b = engine.process_inputs(PROMPT, [images[0], images[1]], uuids=[None, "x"])
+    assert b.mm_items[0].hash == hash_image(images[0], "tiny-llava", {})
+
+
+def test_same_bytes_are_decoded_and_preprocessed_once(engine, images):
+    data = png(images[2])
+    hits = engine.processor.memo.hits
+    first = engine.process_inputs(PROMPT, [data, data])
+    again = engine.process_inputs(PROMPT, [data, data])
+    assert engine.processor.memo.hits == hits + 3
+    assert first.mm_items[0].data is again.mm_items[0].data
+    assert first.mm_items[0].hash == again.mm_items[1].hash
+
+
+def test_memo_is_bounded_by_bytes():
+    memo = ProcessedImageMemo(max_bytes=3 * 4000)
+    for i in range(5):
+        memo.put(str(i), PreparedImage(str(i), np.zeros(1000, np.float32), 1))
+    assert memo.get("0") is None and memo.get("1") is None
+    assert memo.get("4") is not None
+    memo.put("huge", PreparedImage("h", np.zeros(10_000, np.float32), 1))
+    assert memo.get("huge") is None
