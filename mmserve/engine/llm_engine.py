@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,8 +26,6 @@ from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.attention import PagedKVCache
 from mmserve.worker.model_runner import ModelRunner
-
-logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -79,6 +76,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._prompts: dict[str, str | None] = {}
         self.num_prompt_tokens = 0
+        self.num_idle_steps = 0  # consecutive steps that scheduled nothing despite live requests
 
     @classmethod
     def from_args(
@@ -214,8 +212,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
         result = self.runner.execute(sched)
-        if sched.is_empty and self.scheduler.running and not self.scheduler.waiting:
-            logger.debug("step scheduled no tokens")
+        stalled = sched.is_empty and self.scheduler.has_unfinished_requests()
+        self.num_idle_steps = self.num_idle_steps + 1 if stalled else 0
         outputs = []
         for request in self.scheduler.update(sched, result):
             outputs.append(self._make_output(request))

@@ -74,12 +74,10 @@ class LLM:
             order[req_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(inputs)
         bar = tqdm(total=len(inputs), disable=not use_tqdm, desc="generate")
-        idle = 0
         try:
             while any(r is None for r in results):
                 outs = self.engine.step()
-                idle = 0 if outs else idle + 1
-                if idle > MAX_IDLE_STEPS:
+                if self.engine.num_idle_steps > MAX_IDLE_STEPS:
                     raise RuntimeError("engine made no progress for many steps (scheduler stall)")
                 for out in outs:
                     if out.finished and out.request_id in order:
