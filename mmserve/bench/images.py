@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import functools
+import io
+
 import numpy as np
 from PIL import Image, ImageDraw
 
@@ -10,6 +14,7 @@ RESOLUTIONS = {"480p": (854, 480), "720p": (1280, 720), "1080p": (1920, 1080),
 
 
 def synthetic_image(seed: int, resolution: str | tuple[int, int] = "720p") -> Image.Image:
+    """A deterministic RGB image, different per seed, at a named or (width, height) size."""
     width, height = RESOLUTIONS[resolution] if isinstance(resolution, str) else resolution
     rng = np.random.default_rng(seed)
     x = np.linspace(0, 1, width, dtype=np.float32)[None, :, None]
@@ -26,3 +31,15 @@ def synthetic_image(seed: int, resolution: str | tuple[int, int] = "720p") -> Im
         shape([x0, y0, x0 + size, y0 + size], fill=color)
     draw.text((width // 20, height - height // 10), f"image #{seed}", fill=(255, 255, 255))
     return image
+
+
+@functools.lru_cache(maxsize=64)
+def png_bytes(seed: int, resolution: str | tuple[int, int] = "720p") -> bytes:
+    """``synthetic_image`` encoded as PNG (what a client sends); memoized per process."""
+    buf = io.BytesIO()
+    synthetic_image(seed, resolution).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def png_data_url(seed: int, resolution: str | tuple[int, int] = "720p") -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(seed, resolution)).decode()

@@ -2,24 +2,45 @@
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from mmserve import LLM, SamplingParams
+from mmserve.bench.reference import QWEN2_VL, HFReference
 from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
+from mmserve.models.tiny import resolve_model_path
+
+# Qwen2-VL at its released limit gives a 720p image 1196 embeddings: 8 turns would not fit the
+# tiny presets' 8192 positions. Benchmarks cap it at 640 merged patches per image by default.
+QWEN_BENCH_MAX_PIXELS = 28 * 28 * 640
 
 
 @dataclass
 class TurnResult:
+    """What one chat turn cost one engine."""
+
     ttft_s: float
     encoder_s: float
     images_encoded: int
     prompt_tokens: int
     cached_tokens: int
     answer: str
+    token_ids: list[int] = field(default_factory=list)
+
+
+def architecture(model: str) -> str:
+    """The HF architecture name of a preset or checkpoint directory."""
+    config = json.loads((resolve_model_path(model) / "config.json").read_text())
+    return (config.get("architectures") or [""])[0]
+
+
+def processor_kwargs_for(model: str, max_pixels: int | None) -> dict[str, Any]:
+    """Processor kwargs every engine of a comparison uses (Qwen2-VL: a pixel cap)."""
+    if architecture(model) != QWEN2_VL:
+        return {}
+    return {"max_pixels": max_pixels or QWEN_BENCH_MAX_PIXELS}
 
 
 class MmserveRunner:
@@ -33,6 +54,7 @@ class MmserveRunner:
         self.engine = self.llm.engine
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
+        """Template + ingress (decode, hash, preprocess) + schedule until the request ends."""
         before = self.engine.get_metrics()
         start = time.monotonic()
         conv, images, uuids = parse_chat_messages(messages)
@@ -53,62 +75,43 @@ class MmserveRunner:
             prompt_tokens=len(final.prompt_token_ids),
             cached_tokens=final.num_cached_tokens,
             answer=final.outputs[0].text,
+            token_ids=list(final.outputs[0].token_ids),
         )
 
 
 class TransformersRunner:
-    """transformers ``generate`` with its own processor: the no-cache reference."""
+    """transformers ``generate`` over the whole conversation every turn: the no-cache reference.
+
+    TTFT is taken from a streamer (first generated token), so each turn runs ``generate`` once.
+    """
 
     name = "transformers"
 
-    def __init__(self, model: str, **_: Any) -> None:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        from mmserve.models.tiny import resolve_model_path
-
-        path = resolve_model_path(model)
-        self.processor = AutoProcessor.from_pretrained(path)
-        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-        self._encoder_s = 0.0
-        self._images = 0
-        vision = self.model.model.vision_tower if hasattr(self.model, "model") else None
-        vision = getattr(self.model.model, "visual", vision)
-        vision.register_forward_pre_hook(self._start)
-        vision.register_forward_hook(self._stop)
-
-    def _start(self, module, args) -> None:
-        self._t0 = time.perf_counter()
-
-    def _stop(self, module, args, output) -> None:
-        self._encoder_s += time.perf_counter() - self._t0
+    def __init__(self, model: str, processor_kwargs: dict[str, Any] | None = None, **_: Any):
+        self.ref = HFReference(model, processor_kwargs)
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
-        start = time.monotonic()
-        conv, images, _ = parse_chat_messages(messages)
         from mmserve.multimodal.media import load_image
 
+        start = time.monotonic()
+        conv, images, _ = parse_chat_messages(messages)
         pil = [load_image(src) for src in images]
-        prompt = render_chat(self.processor.tokenizer, conv)
-        inputs = self.processor(text=prompt, images=pil or None, return_tensors="pt")
-        self._encoder_s = 0.0
-        with torch.inference_mode():
-            self.model.generate(**inputs, max_new_tokens=1, do_sample=False)
-            ttft = time.monotonic() - start
-            encoder_s = self._encoder_s
-            out = self.model.generate(
-                **inputs, max_new_tokens=answer_tokens, min_new_tokens=answer_tokens,
-                do_sample=False,
-            )
-        n = inputs["input_ids"].shape[1]
-        answer = self.processor.tokenizer.decode(out[0, n:], skip_special_tokens=True)
-        return TurnResult(ttft, encoder_s, len(pil), n, 0, answer)
+        prompt = render_chat(self.ref.tokenizer, conv)
+        inputs = self.ref.inputs(prompt, pil)
+        self.ref.encoder_seconds = 0.0
+        ids, first = self.ref.generate(inputs, answer_tokens, time.monotonic)
+        answer = self.ref.tokenizer.decode(ids, skip_special_tokens=True)
+        n = int(inputs["input_ids"].shape[1])
+        ttft = (first if first is not None else time.monotonic()) - start
+        return TurnResult(ttft, self.ref.encoder_seconds, len(pil), n, 0, answer, ids)
 
 
-def make_runner(kind: str, model: str, **engine_args: Any):
+def make_runner(kind: str, model: str, **engine_args: Any) -> MmserveRunner | TransformersRunner:
+    """``kind``: mmserve | mmserve-nocache | transformers (vLLM runs as a subprocess worker)."""
     if kind == "mmserve":
         return MmserveRunner(model, caches=True, **engine_args)
     if kind == "mmserve-nocache":
         return MmserveRunner(model, caches=False, **engine_args)
     if kind == "transformers":
-        return TransformersRunner(model)
+        return TransformersRunner(model, **engine_args)
     raise ValueError(f"unknown engine {kind!r}")

@@ -222,10 +222,12 @@ class LLMEngine:
     def _make_output(self, request: Request) -> RequestOutput:
         text = self.detokenizer.decode(request.output_token_ids)
         stops = request.sampling_params.stop
-        if stops and not request.is_finished:
-            cut = Detokenizer.find_stop(text, stops)
-            if cut is not None:
-                text = text[:cut]
+        cut = Detokenizer.find_stop(text, stops) if stops else None
+        if cut is not None:
+            text = text[:cut]
+            if request.is_finished:
+                request.status = RequestStatus.FINISHED_STOPPED
+            else:
                 self.scheduler.finish_requests([request.req_id], RequestStatus.FINISHED_STOPPED)
         finished = request.is_finished
         prompt = self._prompts.pop(request.req_id, None) if finished else None

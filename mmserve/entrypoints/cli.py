@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mmserve.entrypoints.openai.cli_args import add_serve_parser
 from mmserve.models.tiny import PRESET_NAMES
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("name", choices=PRESET_NAMES)
     tiny.add_argument("--out", required=True, help="output directory")
     tiny.set_defaults(func=_tiny_model)
+    add_serve_parser(sub)
     return parser
 
 

@@ -101,7 +101,9 @@ def decode_image(data: bytes) -> Image.Image:
         image = Image.open(io.BytesIO(data))
         _check_size(image)
         image.load()
-    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"image exceeds the pixel limit: {exc}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise ValueError(f"unreadable image: {exc}") from None
     return checked_image(image)
 

@@ -1,0 +1,147 @@
+"""vLLM baseline worker, run by the vLLM virtualenv's python (it never imports mmserve).
+
+``python vllm_worker.py IN.json OUT.json``. IN holds the model path, engine args and either
+conversations (``kind: multiturn``) or requests (``kind: requests``) whose images are PNG paths;
+OUT gets per-turn / per-request timings and token ids. vLLM runs in-process, eager, float32, with
+the environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``OMP_NUM_THREADS``) set by the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def compatible_checkpoint(path: str, tmp: Path) -> str:
+    """transformers 5 saves a LLaVA CLIP tower flat (``vision_tower.embeddings.*``); vLLM loads
+    ``vision_tower.vision_model.*``. Write a renamed copy when needed."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    weights = Path(path) / "model.safetensors"
+    if not weights.exists():
+        return path
+    with safe_open(str(weights), "pt") as f:
+        keys = list(f.keys())
+        if not any(k.startswith("vision_tower.embeddings.") for k in keys):
+            return path
+        tensors = {}
+        for key in keys:
+            new = key
+            if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model"):
+                new = "vision_tower.vision_model." + key[len("vision_tower.") :]
+            tensors[new] = f.get_tensor(key)
+    out = tmp / "checkpoint"
+    shutil.copytree(path, out)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+
+def drive(llm: Any, prompts: list[tuple[str, dict]], params: Any) -> tuple[dict, dict]:
+    """Add the prompts, step until all finish; returns (first-token times, final outputs)."""
+    engine = llm.llm_engine
+    for req_id, prompt in prompts:
+        engine.add_request(req_id, prompt, params)
+    first: dict[str, float] = {}
+    done: dict[str, Any] = {}
+    while len(done) < len(prompts):
+        for out in engine.step():
+            if out.request_id not in first and out.outputs and out.outputs[0].token_ids:
+                first[out.request_id] = time.monotonic()
+            if out.finished:
+                done[out.request_id] = out
+    return first, done
+
+
+def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list[dict]:
+    from PIL import Image
+
+    tokenizer = llm.get_tokenizer()
+    conv: list[dict] = []
+    images: list[Any] = []
+    rows = []
+    for n, turn in enumerate(turns):
+        start = time.monotonic()
+        images.append(Image.open(turn["image"]).convert("RGB"))
+        conv.append({"role": "user", "content": [{"type": "image"},
+                                                 {"type": "text", "text": turn["text"]}]})
+        text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+        prompt = {"prompt": text, "multi_modal_data": {"image": list(images)}}
+        first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
+        out = done[f"{tag}-{n}"]
+        answer = out.outputs[0].text
+        conv.append({"role": "assistant", "content": answer})
+        rows.append({
+            "turn": n + 1, "ttft_s": first[f"{tag}-{n}"] - start,
+            "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.num_cached_tokens or 0,
+            "answer": answer, "token_ids": list(out.outputs[0].token_ids),
+        })
+    return rows
+
+
+def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag: str) -> dict:
+    from PIL import Image
+
+    loaded: dict[str, Any] = {}
+
+    def prompt(r: dict) -> dict:
+        if r["image"] not in loaded:
+            loaded[r["image"]] = Image.open(r["image"]).convert("RGB")
+        return {"prompt": r["prompt"], "multi_modal_data": {"image": [loaded[r["image"]]]}}
+
+    ids = [f"{tag}-{i}" for i in range(len(requests))]
+    t0 = time.monotonic()
+    ttfts, outs = [], []
+    if arrival == "all":
+        first, done = drive(llm, [(i, prompt(r)) for i, r in zip(ids, requests)], params)
+        ttfts = [first[i] - t0 for i in ids]
+        outs = [done[i] for i in ids]
+    else:
+        for i, r in zip(ids, requests):
+            start = time.monotonic()
+            first, done = drive(llm, [(i, prompt(r))], params)
+            ttfts.append(first[i] - start)
+            outs.append(done[i])
+    wall = time.monotonic() - t0
+    return {
+        "wall_s": wall, "ttfts": ttfts,
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+        "cached_tokens": sum(o.num_cached_tokens or 0 for o in outs),
+    }
+
+
+def main(argv: list[str]) -> None:
+    from vllm import LLM, SamplingParams
+
+    cfg = json.loads(Path(argv[0]).read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        model = compatible_checkpoint(cfg["model"], Path(tmp))
+        start = time.monotonic()
+        llm = LLM(model=model, enforce_eager=True, dtype="float32", seed=0,
+                  **cfg.get("engine_args", {}))
+        result: dict[str, Any] = {"engine_start_s": time.monotonic() - start}
+        params = SamplingParams(temperature=0, max_tokens=cfg["max_tokens"], ignore_eos=True)
+        warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        if cfg["kind"] == "multiturn":
+            run_conversation(llm, cfg["warmup"], warm, "warm")
+            result["conversations"] = [
+                run_conversation(llm, turns, params, f"c{i}")
+                for i, turns in enumerate(cfg["conversations"])
+            ]
+        else:
+            run_requests(llm, cfg["warmup"], warm, "all", "warm")
+            result["runs"] = [
+                run_requests(llm, requests, params, cfg["arrival"], f"r{i}")
+                for i, requests in enumerate(cfg["runs"])
+            ]
+    Path(argv[1]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,341 @@
+"""AsyncLLMEngine: the LLMEngine step loop in one background thread, asyncio streams out.
+
+Threading contract (the LLMEngine is not thread-safe):
+- ONE dedicated thread ("mmserve-engine") owns the engine: only it calls ``add_processed``,
+  ``abort_request``, ``step`` and ``get_metrics``. Adds and aborts reach it through an inbox
+  (a deque under a ``threading.Condition``) drained at the top of every loop iteration; with
+  nothing to do the thread sleeps on the condition (no busy spin).
+- After every iteration the thread publishes a fresh ``get_metrics()`` dict; readers on other
+  threads only ever see a complete snapshot (``AsyncLLMEngine.get_metrics``).
+- Outputs go back to the event loop with ``loop.call_soon_threadsafe`` into a per-request
+  stream. Outputs are cumulative, so a stream keeps only the newest one (a slow consumer
+  cannot make memory grow) plus a terminal error, if any.
+- Image loading, HF preprocessing and hashing run in a worker thread
+  (``asyncio.to_thread(engine.process_inputs, ...)``), never on the event loop.
+- A consumer that stops early (client disconnect: CancelledError / GeneratorExit) aborts its
+  request, which frees its KV blocks and encoder-cache references.
+- A failing ``step`` fails the in-flight requests with ``EngineStepError``, aborts them and the
+  loop goes on; so does a scheduler stall (more output-less steps than prefilling every running
+  request could need). An unexpected loop crash marks the engine dead (``check_health`` raises).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.metrics import RequestTimer, ServerMetrics
+from mmserve.engine.outputs import RequestOutput
+from mmserve.multimodal.processor import ProcessedPrompt
+from mmserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+MIN_STALL_STEPS = 1000  # consecutive output-less steps before declaring a scheduler stall
+
+ParamsLike = SamplingParams | Callable[[int], SamplingParams]
+
+
+class EngineError(RuntimeError):
+    """Base class of the async engine's own failures."""
+
+
+class EngineOverloadedError(EngineError):
+    """More requests are queued than ``max_queued_requests`` allows (HTTP 503)."""
+
+
+class EngineShutdownError(EngineError):
+    """The engine is shutting down or its loop is not running (HTTP 503)."""
+
+
+class EngineStepError(EngineError):
+    """The engine failed while running this request (HTTP 500)."""
+
+
+class _Stream:
+    """Output slot of one request, consumed on the event loop that created it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._latest: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Event-loop side: newer cumulative outputs replace older unread ones."""
+        if isinstance(item, BaseException):
+            self._error = self._error or item
+        else:
+            self._latest = item
+        self._event.set()
+
+    def put_threadsafe(self, item: RequestOutput | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.put, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    async def get(self) -> RequestOutput:
+        while True:
+            if self._latest is not None:
+                out, self._latest = self._latest, None
+                return out
+            if self._error is not None:
+                raise self._error
+            self._event.clear()
+            await self._event.wait()
+
+
+@dataclass
+class _Add:
+    request_id: str
+    processed: ProcessedPrompt
+    params: SamplingParams
+    prompt_text: str | None
+    stream: _Stream
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class AsyncLLMEngine:
+    """Serves one ``LLMEngine`` to asyncio callers; see the module docstring for threading."""
+
+    def __init__(
+        self, engine: LLMEngine, *, max_queued_requests: int | None = None, start: bool = True
+    ) -> None:
+        """Wrap ``engine``; ``start=False`` leaves starting the loop thread to ``start()``."""
+        if max_queued_requests is not None and max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
+        self.engine = engine
+        self.max_queued_requests = max_queued_requests
+        self.stats = ServerMetrics(self.get_metrics)
+        self._cv = threading.Condition()
+        self._inbox: deque[_Add | _Abort] = deque()
+        self._active: dict[str, _Stream] = {}  # engine thread only
+        self._snapshot: dict[str, float] = dict(engine.get_metrics())
+        self._num_unfinished = 0  # event loop only: admitted generate() calls not yet ended
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        # a stall: more output-less steps than prefilling every running request could take
+        sc = engine.config.scheduler
+        prefill_steps = -(-sc.max_num_seqs * engine.max_model_len // sc.max_num_batched_tokens)
+        self._stall_steps = max(MIN_STALL_STEPS, 2 * prefill_steps)
+        if start:
+            self.start()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="mmserve-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; in-flight and queued requests fail with ``EngineShutdownError``."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("engine thread did not stop within %.1f s", timeout)
+
+    def check_health(self) -> None:
+        """Raise ``EngineShutdownError`` unless the loop thread is up and accepting work."""
+        if self._dead is not None:
+            raise EngineShutdownError(f"the engine loop crashed: {self._dead!r}")
+        if self._stopping or self._thread is None or not self._thread.is_alive():
+            raise EngineShutdownError("the engine is not running (shutting down)")
+
+    def get_metrics(self) -> dict[str, float]:
+        """The latest snapshot published by the engine thread (a copy)."""
+        return dict(self._snapshot)
+
+    @property
+    def num_queued_requests(self) -> int:
+        """Admitted requests not running yet (preprocessing, in the inbox or waiting)."""
+        running = int(self._snapshot.get("num_requests_running", 0))
+        return max(0, self._num_unfinished - running)
+
+    # ---- event-loop side -----------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+        params: ParamsLike | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield cumulative outputs of one request until it finishes.
+
+        ``params`` may be a callable taking the processed prompt's token count (to size
+        ``max_tokens`` from the remaining context); a ValueError it raises propagates.
+        Raises ``EngineOverloadedError`` / ``EngineShutdownError`` before any work, ValueError
+        for bad input, ``EngineStepError`` if the engine fails. Leaving the iteration early
+        (break, aclose, cancellation) aborts the request in the engine.
+        """
+        self.check_health()
+        limit = self.max_queued_requests
+        if limit is not None and self.num_queued_requests >= limit:
+            raise EngineOverloadedError(
+                f"the server is overloaded: {self.num_queued_requests} requests are queued"
+                f" (--max-queued-requests {limit}); retry later"
+            )
+        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        timer = RequestTimer(self.stats)
+        self._num_unfinished += 1
+        stream: _Stream | None = None
+        reason = "error"
+        try:
+            try:
+                processed = await asyncio.to_thread(
+                    self.engine.process_inputs, prompt, images, uuids
+                )
+                params = params(len(processed.prompt_token_ids)) if callable(params) else params
+            except ValueError:
+                reason = "rejected"
+                raise
+            stream = _Stream(asyncio.get_running_loop())
+            text = prompt if isinstance(prompt, str) else None
+            self._submit(_Add(request_id, processed, params or SamplingParams(), text, stream))
+            while True:
+                out = await stream.get()
+                timer.on_output(len(out.outputs[0].token_ids))
+                if out.finished:
+                    reason, stream = out.outputs[0].finish_reason or "stop", None
+                yield out
+                if out.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            if reason == "error":  # not finished: the consumer went away (also mid-preprocessing)
+                reason = "abort"
+            raise
+        finally:
+            self._num_unfinished -= 1
+            if stream is not None:  # admitted and not finished: free its KV / encoder refs
+                self._submit(_Abort(request_id))
+            timer.finish(reason)
+
+    def _submit(self, command: _Add | _Abort) -> None:
+        with self._cv:
+            if self._stopping or self._dead is not None:
+                if isinstance(command, _Add):
+                    raise EngineShutdownError("the engine is shutting down")
+                return  # the loop fails and aborts everything on its way out
+            self._inbox.append(command)
+            self._cv.notify()
+
+    # ---- engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        idle_steps = 0
+        try:
+            while True:
+                with self._cv:
+                    while not (
+                        self._inbox or self._stopping or self.engine.has_unfinished_requests()
+                    ):
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                    commands = list(self._inbox)
+                    self._inbox.clear()
+                for command in commands:
+                    self._apply(command)
+                if self.engine.has_unfinished_requests():
+                    outputs = self._step()
+                    idle_steps = 0 if outputs else idle_steps + 1
+                    if idle_steps > self._stall_steps:
+                        logger.error("no output for %d steps: failing all requests", idle_steps)
+                        self._fail_all(EngineStepError("the scheduler made no progress"))
+                        idle_steps = 0
+                elif self._active:  # cannot happen unless the engine lost a request
+                    self._fail_all(EngineStepError("the engine dropped the request"))
+                else:
+                    self._publish_snapshot()
+        except BaseException as exc:
+            logger.exception("the engine loop crashed")
+            self._dead = exc
+        finally:
+            with self._cv:
+                self._stopping = True
+                leftover = list(self._inbox)
+                self._inbox.clear()
+            stopped = EngineShutdownError("the engine stopped")
+            for command in leftover:
+                if isinstance(command, _Add):
+                    command.stream.put_threadsafe(stopped)
+            self._fail_all(stopped)
+            self._publish_snapshot()
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            if self._active.pop(command.request_id, None) is not None:
+                self._abort([command.request_id])
+            return
+        try:
+            self.engine.add_processed(
+                command.processed, command.params, command.request_id, command.prompt_text
+            )
+        except ValueError as exc:
+            command.stream.put_threadsafe(exc)
+        except Exception as exc:
+            logger.exception("adding request %s failed", command.request_id)
+            command.stream.put_threadsafe(EngineStepError(f"could not add the request: {exc}"))
+        else:
+            self._active[command.request_id] = command.stream
+
+    def _step(self) -> list[RequestOutput]:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            logger.exception("engine step failed; failing %d request(s)", len(self._active))
+            self._fail_all(EngineStepError(f"the engine failed: {type(exc).__name__}: {exc}"))
+            return []
+        self._publish_snapshot()  # before delivering, so a finished client sees fresh metrics
+        for out in outputs:
+            stream = self._active.get(out.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            if out.finished:
+                del self._active[out.request_id]
+            stream.put_threadsafe(out)
+        return outputs
+
+    def _fail_all(self, error: EngineError) -> None:
+        failed, self._active = self._active, {}
+        for stream in failed.values():
+            stream.put_threadsafe(error)
+        if failed:
+            self._abort(list(failed))
+        self._publish_snapshot()
+
+    def _abort(self, request_ids: list[str]) -> None:
+        try:
+            self.engine.abort_request(request_ids)
+        except Exception:
+            logger.exception("aborting %s failed", request_ids)
+
+    def _publish_snapshot(self) -> None:
+        try:
+            self._snapshot = dict(self.engine.get_metrics())
+        except Exception:
+            logger.exception("engine.get_metrics() failed; keeping the previous snapshot")

@@ -1,0 +1,239 @@
+"""Request handling of /v1/chat/completions and /v1/completions.
+
+- Sampling fields are validated before any image is loaded; ``max_tokens`` defaults to
+  ``min(DEFAULT_MAX_TOKENS, max_model_len - prompt_tokens)`` once the prompt is processed, and an
+  explicit ``max_tokens`` that does not fit the context is a 400 (as with OpenAI / vLLM).
+- Non-streaming requests and the wait for a stream's first output race against the client's
+  ``http.disconnect``: a client that goes away aborts its request. Open streams are cancelled by
+  Starlette on disconnect, which aborts through ``AsyncLLMEngine.generate``'s cleanup.
+- A stream starts only after the first output, so input errors still get a proper status code;
+  later failures are reported in-band as an error event followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.outputs import RequestOutput
+from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
+from mmserve.entrypoints.openai.errors import APIError, error_body, to_api_error
+from mmserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Usage,
+    make_usage,
+    unsupported_fields,
+)
+from mmserve.entrypoints.openai.streaming import (
+    DeltaTracker,
+    aclose_quietly,
+    last_item,
+    sse,
+    until_disconnect,
+)
+from mmserve.sampling_params import SamplingParams
+
+DEFAULT_MAX_TOKENS = 256
+AnyRequest = ChatCompletionRequest | CompletionRequest
+_SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed"}
+
+
+def usage_of(out: RequestOutput) -> Usage:
+    return make_usage(
+        len(out.prompt_token_ids), len(out.outputs[0].token_ids), out.num_cached_tokens
+    )
+
+
+def _stops(req: AnyRequest) -> list[str]:
+    return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+
+
+class OpenAIServing:
+    """Validation, generation and response shaping for one served model."""
+
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        served_model_names: list[str],
+        model_aliases: set[str] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.model_name = served_model_names[0]
+        self.accepted_names = set(served_model_names) | (model_aliases or set())
+
+    # ---- endpoints -----------------------------------------------------------------------
+    async def chat(self, raw: Request, req: ChatCompletionRequest) -> Any:
+        """/v1/chat/completions: messages -> chat template + images -> JSON or SSE."""
+        self.check_model(req.model)
+        factory = self.sampling_factory(req)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        conv, images, uuids = parse_chat_messages(messages)
+        try:
+            prompt = render_chat(self.engine.tokenizer, conv)
+        except ValueError:
+            raise
+        except Exception as exc:  # jinja errors raised by the template on odd conversations
+            raise APIError(400, f"the chat template failed: {exc}", param="messages") from None
+        if not any(u is not None for u in uuids):
+            uuids = None  # type: ignore[assignment]
+        rid = uuid.uuid4().hex
+        gen = self.engine.generate(prompt, images, uuids, factory, rid)
+        return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}")
+
+    async def completion(self, raw: Request, req: CompletionRequest) -> Any:
+        """/v1/completions: one text or token-id prompt (no images) -> JSON or SSE."""
+        self.check_model(req.model)
+        factory = self.sampling_factory(req)
+        prompt: Any = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, "only one prompt per request is supported", param="prompt")
+            prompt = prompt[0]
+        rid = uuid.uuid4().hex
+        gen = self.engine.generate(prompt, (), None, factory, rid)
+        return await self._respond(raw, req, gen, "completion", f"cmpl-{rid}")
+
+    # ---- validation ----------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.accepted_names:
+            raise APIError(
+                404,
+                f"The model `{name}` does not exist (this server serves `{self.model_name}`).",
+                param="model",
+                code="model_not_found",
+            )
+
+    def sampling_factory(self, req: AnyRequest) -> Callable[[int], SamplingParams]:
+        """Validate the sampling fields now; size max_tokens once the prompt length is known."""
+        if req.n != 1:
+            raise APIError(400, f"only n=1 is supported, got n={req.n}", param="n")
+        bad = unsupported_fields(req)
+        if bad:
+            raise APIError(400, f"unsupported field(s): {', '.join(bad)}", param=bad[0])
+        requested = req.requested_max_tokens
+        try:
+            base = SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=0 if req.top_k in (None, -1) else req.top_k,
+                max_tokens=1 if requested is None else requested,
+                seed=req.seed,
+                stop=_stops(req),
+                ignore_eos=req.ignore_eos,
+            )
+        except ValueError as exc:  # messages start with the field name ("top_p must be ...")
+            field = str(exc).split(" ", 1)[0]
+            raise APIError(400, str(exc), param=field if field in _SAMPLING else None) from None
+        max_len = self.engine.max_model_len
+
+        def factory(num_prompt_tokens: int) -> SamplingParams:
+            room = max_len - num_prompt_tokens
+            if requested is None:
+                return dataclasses.replace(base, max_tokens=max(1, min(DEFAULT_MAX_TOKENS, room)))
+            if requested > room:
+                raise ValueError(
+                    f"This model's maximum context length is {max_len} tokens. However, you"
+                    f" requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in"
+                    f" the prompt, {requested} for the completion). Reduce the prompt or"
+                    " max_tokens."
+                )
+            return base
+
+        return factory
+
+    # ---- responses -----------------------------------------------------------------------
+    async def _respond(
+        self,
+        raw: Request,
+        req: AnyRequest,
+        gen: AsyncIterator[RequestOutput],
+        kind: str,
+        rid: str,
+    ) -> JSONResponse | StreamingResponse:
+        try:
+            if not req.stream:
+                final = await until_disconnect(raw, last_item(gen))
+                return JSONResponse(self._full_response(kind, rid, final))
+            first = await until_disconnect(raw, anext(gen))
+        except BaseException:
+            await aclose_quietly(gen)
+            raise
+        return StreamingResponse(
+            self._stream(kind, rid, req, gen, first), media_type="text/event-stream"
+        )
+
+    def _full_response(self, kind: str, rid: str, out: RequestOutput) -> dict[str, Any]:
+        comp = out.outputs[0]
+        choice: dict[str, Any] = {"index": 0, "finish_reason": comp.finish_reason, "logprobs": None}
+        if kind == "chat":
+            choice["message"] = {"role": "assistant", "content": comp.text}
+        else:
+            choice["text"] = comp.text
+        return {
+            "id": rid,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": usage_of(out).model_dump(),
+        }
+
+    async def _stream(
+        self,
+        kind: str,
+        rid: str,
+        req: AnyRequest,
+        gen: AsyncIterator[RequestOutput],
+        first: RequestOutput,
+    ) -> AsyncIterator[str]:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        head = {
+            "id": rid,
+            "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+        }
+
+        def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
+            body = {**head, "choices": choices}
+            if include_usage:  # OpenAI sends "usage": null on every chunk but the last
+                body["usage"] = usage.model_dump() if usage is not None else None
+            return sse(body)
+
+        def choice(text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
+            if kind != "chat":
+                return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text or role:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+
+        tracker = DeltaTracker(_stops(req))
+        try:
+            if kind == "chat":
+                yield chunk([choice("", None, role=True)])
+            out: RequestOutput | None = first
+            while out is not None:
+                comp = out.outputs[0]
+                text = tracker.delta(comp.text, out.finished)
+                if text or out.finished:
+                    yield chunk([choice(text, comp.finish_reason if out.finished else None)])
+                if out.finished:
+                    if include_usage:
+                        yield chunk([], usage_of(out))
+                    break
+                out = await anext(gen, None)
+        except Exception as exc:  # headers are out: report in-band, then end the stream
+            err = to_api_error(exc)
+            yield sse(error_body(err.message, err.err_type, err.param, err.code))
+        finally:
+            await aclose_quietly(gen)
+        yield sse("[DONE]")

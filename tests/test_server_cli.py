@@ -1,0 +1,243 @@
+"""``mmserve serve``: help text, flag -> engine-argument mapping, and a real subprocess server
+(defaults: no API key, no local files) that answers 503 when overloaded and stops on SIGINT."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from mmserve.engine.llm_engine import LLMEngine
+from mmserve.entrypoints.cli import build_parser
+from mmserve.entrypoints.openai.cli_args import engine_kwargs, parse_bytes
+
+CLI = [sys.executable, "-m", "mmserve.entrypoints.cli"]
+FLAGS = [
+    "--model",
+    "--host",
+    "--port",
+    "--max-num-batched-tokens",
+    "--max-num-seqs",
+    "--block-size",
+    "--num-kv-blocks",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--limit-mm-per-prompt",
+    "--disable-chunked-mm-input",
+    "--encoder-cache-size",
+    "--encoder-cache-memory",
+    "--max-num-encoder-input-tokens",
+    "--max-model-len",
+    "--served-model-name",
+    "--api-key",
+    "--dtype",
+    "--seed",
+    "--allowed-local-media-path",
+    "--max-queued-requests",
+]
+
+
+def test_serve_help_lists_flags() -> None:
+    out = subprocess.run(
+        [*CLI, "serve", "--help"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    for flag in FLAGS:
+        assert flag in out, flag
+    assert "tiny-llava" in out  # the default model
+
+
+def test_flags_map_to_engine_arguments(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--max-num-batched-tokens",
+            "512",
+            "--max-num-seqs",
+            "3",
+            "--block-size",
+            "8",
+            "--num-kv-blocks",
+            "99",
+            "--no-enable-prefix-caching",
+            "--limit-mm-per-prompt",
+            '{"image": 3}',
+            "--disable-chunked-mm-input",
+            "--encoder-cache-size",
+            "1024",
+            "--encoder-cache-memory",
+            "64MiB",
+            "--max-num-encoder-input-tokens",
+            "512",
+            "--max-model-len",
+            "1024",
+            "--dtype",
+            "bfloat16",
+            "--seed",
+            "7",
+            "--allowed-local-media-path",
+            str(tmp_path),
+        ]
+    )
+    kwargs = engine_kwargs(args)
+    assert set(kwargs) <= set(inspect.signature(LLMEngine.from_args).parameters)
+    assert kwargs == {
+        "dtype": "bfloat16",
+        "seed": 7,
+        "max_model_len": 1024,
+        "block_size": 8,
+        "num_kv_blocks": 99,
+        "kv_cache_memory": 1 << 30,
+        "enable_prefix_caching": False,
+        "encoder_cache_memory": 64 << 20,
+        "max_num_batched_tokens": 512,
+        "max_num_seqs": 3,
+        "disable_chunked_mm_input": True,
+        "encoder_cache_size": 1024,
+        "max_num_encoder_input_tokens": 512,
+        "limit_mm_per_prompt": {"image": 3},
+        "allowed_local_path": tmp_path.resolve(),
+    }
+    defaults = engine_kwargs(build_parser().parse_args(["serve"]))
+    assert defaults["allowed_local_path"] is None  # no local files unless asked
+    assert defaults["enable_prefix_caching"] is True and defaults["limit_mm_per_prompt"] is None
+    assert args.model == "tiny-llava" and args.host == "127.0.0.1" and args.port == 8000
+    assert parse_bytes("1GiB") == 1 << 30 and parse_bytes("1048576") == 1 << 20
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--limit-mm-per-prompt", "{image: 2}"],
+        ["--limit-mm-per-prompt", '{"image": -1}'],
+        ["--encoder-cache-memory", "lots"],
+        ["--dtype", "int3"],
+        ["--port", "x"],
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", *argv])
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("serve") / "server.log").open("w+")
+    proc = subprocess.Popen(
+        [
+            *CLI,
+            "serve",
+            "--port",
+            str(port),
+            "--max-num-seqs",
+            "1",
+            "--max-queued-requests",
+            "1",
+            "--uvicorn-log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "server exited during startup"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            code = None
+        log.seek(0)
+        output = log.read()
+        log.close()
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise KeyError(name)
+
+
+def _poll(url: str, name: str, value: float, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _metric(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never became {value}"
+        time.sleep(0.02)
+
+
+def test_defaults_no_key_and_no_local_files(served: str, tmp_path: Path) -> None:
+    assert httpx.get(f"{served}/v1/models").json()["data"][0]["id"] == "tiny-llava"
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    content = [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}]
+    body = {"model": "tiny-llava", "messages": [{"role": "user", "content": content}]}
+    resp = httpx.post(f"{served}/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 400
+    assert "not allowed" in resp.json()["error"]["message"]
+
+
+def test_overload_returns_503_then_recovers(served: str) -> None:
+    body = {
+        "model": "tiny-llava",
+        "prompt": "Once upon a time",
+        "max_tokens": 4000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    url = f"{served}/v1/completions"
+    b_status: list[int] = []
+
+    def second_request() -> None:  # waits behind the first (max-num-seqs 1)
+        with httpx.Client(timeout=60) as http, http.stream("POST", url, json=body) as resp:
+            b_status.append(resp.status_code)
+            next(resp.iter_lines())
+
+    with httpx.Client(timeout=60) as http, http.stream("POST", url, json=body) as first:
+        assert first.status_code == 200
+        lines = first.iter_lines()  # keep a reference: a collected iterator closes the socket
+        next(lines)  # running now
+        waiter = threading.Thread(target=second_request)
+        waiter.start()
+        _poll(served, "mmserve_num_requests_waiting", 1)
+        resp = httpx.post(url, json={**body, "stream": False, "max_tokens": 4}, timeout=30)
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["code"] == "overloaded"
+    waiter.join(timeout=30)  # the first stream closed: the second runs, reads, disconnects
+    assert b_status == [200]
+    _poll(served, "mmserve_kv_blocks_used", 0)
+    _poll(served, "mmserve_num_requests_running", 0)
+    ok = httpx.post(url, json={**body, "stream": False, "max_tokens": 4}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
