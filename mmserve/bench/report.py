@@ -13,16 +13,20 @@ import torch
 
 
 def environment() -> dict[str, Any]:
+    """Where and how a result was measured (numbers on a shared 2-core box are noisy: the load
+    average says how noisy)."""
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A GitHub markdown table; floats with 4 significant digits, missing cells empty."""
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
@@ -34,6 +38,7 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def save(name: str, out_dir: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``{out_dir}/{name}.json`` with the environment and ``payload``; returns the path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"

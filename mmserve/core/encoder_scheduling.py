@@ -38,7 +38,7 @@ def plan_encoder_inputs(
             break
         if item.end <= start:
             continue  # already in the KV cache
-        if disable_chunked_mm_input and start < item.offset and end < item.end:
+        if disable_chunked_mm_input and start <= item.offset and end < item.end:
             plan.num_new_tokens = item.offset - start
             break
         if item.hash in new_hashes or cache.contains(item.hash, item.length):
@@ -82,7 +82,9 @@ def commit_encoder_plan(
 def release_encoded_inputs(request: Request, cache: EncoderCacheManager) -> None:
     """Release the references of images whose tokens are all in the KV cache now."""
     computed = request.num_computed_tokens
+    pending = {item.hash for item in request.mm_items if item.end > computed}
     for item in request.mm_items:
         if item.end > computed:
             break
-        cache.release(item.hash, request.req_id)
+        if item.hash not in pending:  # the same image later in the prompt still needs it
+            cache.release(item.hash, request.req_id)

@@ -17,8 +17,8 @@ class KVCacheManager:
     Invariants:
     - ``req_blocks[r]`` has exactly cdiv(slots reserved for r, block_size) blocks, each with a
       reference held by r; slots are reserved for computed tokens plus tokens scheduled this step;
-    - the first ``num_hashed[r]`` blocks of r are registered in the pool under r's block hashes
-      (only full blocks whose tokens are computed or scheduled);
+    - the first ``num_hashed[r]`` blocks of r are registered in the pool under r's block hashes,
+      and only once a step has written their KV (so a failed step never leaves a stale hit);
     - a prefix hit never covers a request's last token (its logits are needed);
     - ``free(r)`` returns every reference r holds, tail first (so a request's last blocks are
       evicted before its shared prefix); freed blocks keep their hash until reused;
@@ -91,13 +91,18 @@ class KVCacheManager:
         if num_needed > 0:
             added += self.pool.get_new_blocks(num_needed)
         blocks.extend(added)
-        if self.hasher is not None:
-            self._cache_full_blocks(request, blocks, total // self.block_size)
         return [b.block_id for b in added]
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_full: int) -> None:
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's full blocks whose KV is now written (call after a successful
+        step: a step that failed must not leave hashes on blocks it never computed)."""
+        if self.hasher is None:
+            return
+        blocks = self.req_blocks.get(request.req_id)
+        if not blocks:
+            return
         done = self.num_hashed.get(request.req_id, 0)
-        num_full = min(num_full, len(request.block_hashes))
+        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
         for i in range(done, num_full):
             self.pool.cache_block(blocks[i], request.block_hashes[i])
         self.num_hashed[request.req_id] = max(done, num_full)

@@ -56,8 +56,11 @@ class SchedulerOutput:
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
     # Encoder-cache hashes evicted since the last step: the worker drops their tensors first.
     freed_encoder_hashes: list[str] = field(default_factory=list)
-    # Requests that ended (finished, aborted, preempted) since the last step: forget their state.
+    # Requests that ended (finished, aborted) since the last step: forget all their state.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Requests preempted since the last step: drop their state but keep their sampling RNG, so a
+    # seeded request continues its random stream when it comes back (as a new request).
+    preempted_req_ids: set[str] = field(default_factory=set)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -56,7 +56,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._worker_knows: set[str] = set()
+        self._worker_parked: set[str] = set()  # preempted: the worker keeps only their RNG
         self._ended_since_last_step: set[str] = set()
+        self._preempted_since_last_step: set[str] = set()
         self.counters: Counter[str] = Counter()
 
     # ---- request lifecycle -------------------------------------------------------------
@@ -82,6 +84,9 @@ class Scheduler:
         if request.req_id in self._worker_knows:
             self._worker_knows.discard(request.req_id)
             self._ended_since_last_step.add(request.req_id)
+        elif request.req_id in self._worker_parked:
+            self._worker_parked.discard(request.req_id)
+            self._ended_since_last_step.add(request.req_id)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
@@ -93,7 +98,12 @@ class Scheduler:
         del self.requests[request.req_id]
 
     def _preempt(self, request: Request) -> None:
-        self._release_resources(request)
+        self.kv.free(request)
+        self.encoder_cache.release_all(request.req_id, [item.hash for item in request.mm_items])
+        if request.req_id in self._worker_knows:
+            self._worker_knows.discard(request.req_id)
+            self._worker_parked.add(request.req_id)
+            self._preempted_since_last_step.add(request.req_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.waiting.appendleft(request)
@@ -109,7 +119,9 @@ class Scheduler:
             self._schedule_waiting(out)
         out.freed_encoder_hashes = self.encoder_cache.take_freed()
         out.finished_req_ids = self._ended_since_last_step
+        out.preempted_req_ids = self._preempted_since_last_step
         self._ended_since_last_step = set()
+        self._preempted_since_last_step = set()
         return out
 
     def _plan(self, request: Request) -> EncoderPlan:
@@ -181,6 +193,7 @@ class Scheduler:
             )
         else:
             self._worker_knows.add(request.req_id)
+            self._worker_parked.discard(request.req_id)
             out.new_requests.append(
                 NewRequestData(
                     req_id=request.req_id,
@@ -204,6 +217,7 @@ class Scheduler:
             if request is None:
                 continue  # aborted while the step ran
             release_encoded_inputs(request, self.encoder_cache)
+            self.kv.cache_computed_blocks(request)
             token = result.sampled_token_ids.get(req_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end

@@ -38,7 +38,7 @@ from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-MIN_STALL_STEPS = 1000  # consecutive output-less steps before declaring a scheduler stall
+MIN_STALL_STEPS = 1000  # consecutive steps scheduling nothing before declaring a stall
 
 ParamsLike = SamplingParams | Callable[[int], SamplingParams]
 
@@ -105,6 +105,7 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+    stream: _Stream | None = None  # only abort if this stream still owns the request id
 
 
 class AsyncLLMEngine:
@@ -127,10 +128,7 @@ class AsyncLLMEngine:
         self._stopping = False
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
-        # a stall: more output-less steps than prefilling every running request could take
-        sc = engine.config.scheduler
-        prefill_steps = -(-sc.max_num_seqs * engine.max_model_len // sc.max_num_batched_tokens)
-        self._stall_steps = max(MIN_STALL_STEPS, 2 * prefill_steps)
+        self._stall_steps = MIN_STALL_STEPS  # consecutive steps that scheduled nothing
         if start:
             self.start()
 
@@ -232,7 +230,7 @@ class AsyncLLMEngine:
         finally:
             self._num_unfinished -= 1
             if stream is not None:  # admitted and not finished: free its KV / encoder refs
-                self._submit(_Abort(request_id))
+                self._submit(_Abort(request_id, stream))
             timer.finish(reason)
 
     def _submit(self, command: _Add | _Abort) -> None:
@@ -246,7 +244,6 @@ class AsyncLLMEngine:
 
     # ---- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        idle_steps = 0
         try:
             while True:
                 with self._cv:
@@ -261,12 +258,12 @@ class AsyncLLMEngine:
                 for command in commands:
                     self._apply(command)
                 if self.engine.has_unfinished_requests():
-                    outputs = self._step()
-                    idle_steps = 0 if outputs else idle_steps + 1
+                    self._step()
+                    idle_steps = self.engine.num_idle_steps
                     if idle_steps > self._stall_steps:
-                        logger.error("no output for %d steps: failing all requests", idle_steps)
+                        logger.error("%d steps scheduled nothing: failing all requests", idle_steps)
                         self._fail_all(EngineStepError("the scheduler made no progress"))
-                        idle_steps = 0
+                        self.engine.num_idle_steps = 0
                 elif self._active:  # cannot happen unless the engine lost a request
                     self._fail_all(EngineStepError("the engine dropped the request"))
                 else:
@@ -288,7 +285,9 @@ class AsyncLLMEngine:
 
     def _apply(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
-            if self._active.pop(command.request_id, None) is not None:
+            owner = self._active.get(command.request_id)
+            if owner is not None and command.stream in (None, owner):
+                del self._active[command.request_id]
                 self._abort([command.request_id])
             return
         try:

@@ -77,6 +77,7 @@ class LLMEngine:
         self._prompts: dict[str, str | None] = {}
         self.num_prompt_tokens = 0
         self.num_idle_steps = 0  # consecutive steps that scheduled nothing despite live requests
+        self._text_lengths: dict[str, int] = {}  # text already searched for stop strings
 
     @classmethod
     def from_args(
@@ -204,6 +205,8 @@ class LLMEngine:
         self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
         for req_id in req_ids:
             self._prompts.pop(req_id, None)
+            self._text_lengths.pop(req_id, None)
+            self.detokenizer.forget(req_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -220,15 +223,29 @@ class LLMEngine:
         return outputs
 
     def _make_output(self, request: Request) -> RequestOutput:
-        text = self.detokenizer.decode(request.output_token_ids)
+        ids = request.output_token_ids
+        previous = self._text_lengths.get(request.req_id, 0)
+        if request.is_finished:
+            text = self.detokenizer.finish(request.req_id, ids)
+        else:
+            text = self.detokenizer.update(request.req_id, ids)
         stops = request.sampling_params.stop
-        cut = Detokenizer.find_stop(text, stops) if stops else None
-        if cut is not None:
-            text = text[:cut]
-            if request.is_finished:
-                request.status = RequestStatus.FINISHED_STOPPED
-            else:
-                self.scheduler.finish_requests([request.req_id], RequestStatus.FINISHED_STOPPED)
+        if stops:
+            longest = max(len(s) for s in stops)
+            cut = Detokenizer.find_stop(text, stops, max(0, previous - longest + 1))
+            if cut is not None:
+                text = text[:cut]
+                if request.is_finished:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    self.scheduler.finish_requests(
+                        [request.req_id], RequestStatus.FINISHED_STOPPED
+                    )
+                    self.detokenizer.forget(request.req_id)
+        if request.is_finished:
+            self._text_lengths.pop(request.req_id, None)
+        else:
+            self._text_lengths[request.req_id] = len(text)
         finished = request.is_finished
         prompt = self._prompts.pop(request.req_id, None) if finished else None
         metrics = {"arrival_time": request.arrival_time}

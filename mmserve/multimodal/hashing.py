@@ -22,10 +22,13 @@ def hash_image(image: Image.Image, model_id: str, processor_kwargs: dict[str, An
     return hasher.hexdigest()
 
 
-def hash_uuid(uuid: str, model_id: str, processor_kwargs: dict[str, Any]) -> str:
-    """A caller's stable id used instead of the pixels (still scoped to model and kwargs)."""
+def hash_uuid(
+    uuid: str, model_id: str, processor_kwargs: dict[str, Any], num_embeddings: int
+) -> str:
+    """A caller's stable id used instead of the pixels (still scoped to model and kwargs). The
+    embedding count is mixed in so a reused uuid on a differently sized image cannot alias."""
     if not isinstance(uuid, str) or not uuid:
         raise ValueError(f"image uuid must be a non-empty string, got {uuid!r}")
     hasher = blake3.blake3(_prefix(model_id, processor_kwargs))
-    hasher.update(b"uuid\0" + uuid.encode())
+    hasher.update(f"uuid\0{num_embeddings}\0".encode() + uuid.encode())
     return hasher.hexdigest()

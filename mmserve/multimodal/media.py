@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from PIL import Image, UnidentifiedImageError
 
 MAX_IMAGE_BYTES = 20 << 20
 MAX_IMAGE_PIXELS = 6000 * 6000
-HTTP_TIMEOUT_S = 10.0
+HTTP_TIMEOUT_S = 10.0  # per connect / read
+HTTP_TOTAL_TIMEOUT_S = 30.0  # whole download: a slow sender cannot hold an admission thread
 
 
 class ImageTooLargeError(ValueError):
@@ -69,7 +71,10 @@ def _fetch(url: str) -> bytes:
             if resp.status_code != 200:
                 raise ValueError(f"fetching image {url!r} returned HTTP {resp.status_code}")
             chunks, size = [], 0
+            deadline = time.monotonic() + HTTP_TOTAL_TIMEOUT_S
             for chunk in resp.iter_bytes():
+                if time.monotonic() > deadline:
+                    raise ValueError(f"fetching image {url!r} took over {HTTP_TOTAL_TIMEOUT_S} s")
                 size += len(chunk)
                 if size > MAX_IMAGE_BYTES:
                     raise ImageTooLargeError(f"image at {url!r} exceeds {MAX_IMAGE_BYTES} bytes")

@@ -115,7 +115,10 @@ class InputProcessor:
             mm_hash = prepared.mm_hash
             if uuid is not None:
                 mm_hash = hash_uuid(
-                    uuid, self.model_config.model, self.model_config.processor_kwargs
+                    uuid,
+                    self.model_config.model,
+                    self.model_config.processor_kwargs,
+                    prepared.length,
                 )
             length = prepared.length
             repeats[place] = length

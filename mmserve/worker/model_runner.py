@@ -28,7 +28,7 @@ class RequestState:
     token_ids: list[int]
     mm_items: list[MultiModalItem]
     params: SamplingParams
-    block_ids: list[int]
+    block_table: torch.Tensor  # [num_blocks] long, extended as blocks are added
     num_computed_tokens: int
     generator: torch.Generator | None
     # M-RoPE models only: [3, n] positions of the tokens known at admission + decode offset.
@@ -65,19 +65,20 @@ class ModelRunner:
         self.encoder = EncoderRunner(model)
         self.states: dict[str, RequestState] = {}
         self._seeds = random.Random(seed)
+        self._parked_generators: dict[str, torch.Generator] = {}
         self.uses_mrope = bool(getattr(model, "uses_mrope", False))
 
     def _add_request(self, new: NewRequestData) -> None:
         params = new.sampling_params
-        generator = None
-        if not params.greedy:
+        generator = self._parked_generators.pop(new.req_id, None)
+        if generator is None and not params.greedy:
             seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
             generator = torch.Generator(device=self.device).manual_seed(seed)
         self.states[new.req_id] = RequestState(
             list(new.token_ids),
             new.mm_items,
             params,
-            list(new.block_ids),
+            torch.tensor(new.block_ids, dtype=torch.long),
             new.num_computed_tokens,
             generator,
             self.model.mrope_positions(len(new.token_ids), new.mm_items)
@@ -88,12 +89,19 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in sched.finished_req_ids:
             self.states.pop(req_id, None)
+            self._parked_generators.pop(req_id, None)
+        for req_id in sched.preempted_req_ids:
+            state = self.states.pop(req_id)
+            if state.generator is not None:
+                self._parked_generators[req_id] = state.generator
         self.encoder.drop(sched.freed_encoder_hashes)
         for new in sched.new_requests:
             self._add_request(new)
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
-            state.block_ids.extend(cached.new_block_ids)
+            if cached.new_block_ids:
+                added = torch.tensor(cached.new_block_ids, dtype=torch.long)
+                state.block_table = torch.cat((state.block_table, added))
             state.num_computed_tokens = cached.num_computed_tokens
         if sched.is_empty:
             return ModelRunnerOutput()
@@ -126,8 +134,7 @@ class ModelRunner:
             num_images_encoded=self.encoder.num_images_encoded - images,
         )
 
-    def _slots(self, block_ids: list[int], positions: torch.Tensor) -> torch.Tensor:
-        table = torch.tensor(block_ids, dtype=torch.long)
+    def _slots(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def _build_batch(self, sched: SchedulerOutput) -> FlatBatch:
@@ -142,7 +149,7 @@ class ModelRunner:
             start, end = state.num_computed_tokens, state.num_computed_tokens + n
             ids.extend(state.token_ids[start:end])
             all_pos = torch.arange(end)
-            all_slots = self._slots(state.block_ids, all_pos)
+            all_slots = self._slots(state.block_table, all_pos)
             if state.mrope is None:
                 positions.append(all_pos[start:])
             else:
