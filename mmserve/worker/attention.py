@@ -72,9 +72,13 @@ def paged_attention(
     v_cache.index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
     for seg in meta.prefills:
-        qs = q[seg.q_start : seg.q_start + seg.q_len].transpose(0, 1)  # [H, q, D]
-        ks = k_cache[seg.key_slots].transpose(0, 1)  # [KVH, ctx, D]
-        vs = v_cache[seg.key_slots].transpose(0, 1)
+        rows = slice(seg.q_start, seg.q_start + seg.q_len)
+        qs = q[rows].transpose(0, 1)  # [H, q, D]
+        if seg.causal_mask is None:  # nothing computed before: the keys are this step's own
+            ks, vs = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+        else:
+            ks = k_cache[seg.key_slots].transpose(0, 1)  # [KVH, ctx, D]
+            vs = v_cache[seg.key_slots].transpose(0, 1)
         o = F.scaled_dot_product_attention(
             qs.unsqueeze(0),
             ks.unsqueeze(0),
@@ -84,7 +88,7 @@ def paged_attention(
             scale=scale,
             enable_gqa=True,
         )
-        out[seg.q_start : seg.q_start + seg.q_len] = o[0].transpose(0, 1)
+        out[rows] = o[0].transpose(0, 1)
     if meta.decode_token_idx.numel():
         qd = q[meta.decode_token_idx].unsqueeze(2)  # [D, H, 1, Dh]
         kd = k_cache[meta.decode_key_slots].transpose(1, 2)  # [D, KVH, ctx, Dh]
