@@ -142,3 +142,14 @@ def test_cache_salt_isolates_tenants(images):
     same = llm.generate(request, GREEDY, use_tqdm=False)[0]
     other = llm.generate({**request, "cache_salt": "b"}, GREEDY, use_tqdm=False)[0]
     assert same.num_cached_tokens > 0 and other.num_cached_tokens == 0
+
+
+def test_identical_requests_in_one_step_share_prefix_blocks(reference, images):
+    llm = LLM("tiny-llava")
+    cases = [(prompt_with(1, "Same?"), [images[2]])] * 2
+    first, second = run(llm, reference, cases)
+    n = len(first.prompt_token_ids)
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == (n - 1) // BS * BS  # hit blocks scheduled this very step
+    assert llm.get_metrics()["encoder_images_encoded"] == 1
+    assert_no_leaks(llm)

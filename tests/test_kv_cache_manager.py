@@ -16,8 +16,7 @@ def admit(kv: KVCacheManager, req):
     blocks, hit = kv.get_computed_blocks(req)
     req.num_computed_tokens = hit
     assert kv.allocate_slots(req, req.num_tokens - hit, blocks) is not None
-    req.num_computed_tokens = req.num_tokens  # the step ran: its full blocks become matchable
-    kv.cache_computed_blocks(req)
+    req.num_computed_tokens = req.num_tokens
     return hit
 
 
@@ -67,10 +66,8 @@ def test_freed_blocks_keep_hash_revive_and_lru_eviction_order():
     other.all_token_ids = [1] * 64  # tokens no other request shares
     other.prompt_token_ids = list(other.all_token_ids)
     kv.update_block_hashes(other)
-    other.num_computed_tokens = 64
     # takes 4 of the 7 free blocks: the 3 never used, then the chain's tail (block 2)
-    assert kv.allocate_slots(other, 0) is not None
-    kv.cache_computed_blocks(other)
+    assert kv.allocate_slots(other, 64) is not None
     assert len(kv.pool.cached) == 2 + 4  # 3 old minus 1 evicted, plus 4 new
     r4 = make_request("4", [48])
     assert admit(kv, r4) == 32  # blocks 0 and 1 of the old chain survived
@@ -99,14 +96,19 @@ def test_prefix_caching_off():
     assert admit(kv, r2) == 0 and not r2.block_hashes and not kv.pool.cached
 
 
-def test_blocks_become_matchable_only_after_their_step_ran():
+def test_blocks_of_a_failed_step_are_unregistered():
     kv = KVCacheManager(100, BS)
-    first = make_request("1", [48])
-    kv.update_block_hashes(first)
-    assert kv.allocate_slots(first, 48) is not None
-    probe = make_request("2", [48])
+    done = make_request("1", [32])
+    kv.begin_step()
+    admit(kv, done)
+    kv.begin_step()  # step 1 ran
+    failed = make_request("2", [40, 24])
+    kv.update_block_hashes(failed)
+    blocks, hit = kv.get_computed_blocks(failed)
+    failed.num_computed_tokens = hit
+    assert kv.allocate_slots(failed, 64 - hit, blocks) is not None
+    probe = make_request("3", [40, 24])
     kv.update_block_hashes(probe)
-    assert kv.get_computed_blocks(probe)[1] == 0  # scheduled, not computed: no hit yet
-    first.num_computed_tokens = 48
-    kv.cache_computed_blocks(first)
-    assert kv.get_computed_blocks(probe)[1] == 32
+    assert kv.get_computed_blocks(probe)[1] == 48  # visible within the step
+    kv.rollback_step()
+    assert kv.get_computed_blocks(probe)[1] == 32  # only the blocks of step 1 survive

@@ -75,12 +75,20 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self._free[block.block_id] = None
 
-    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
-        """Record that ``block`` holds the KV of a full block with ``block_hash``."""
+    def cache_block(self, block: KVBlock, block_hash: bytes) -> bool:
+        """Record that ``block`` holds the KV of a full block with ``block_hash``; False if the
+        block already has a hash or another block holds this one."""
         if block.block_hash is not None or block_hash in self.cached:
-            return
+            return False
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        return True
+
+    def uncache_block(self, block: KVBlock) -> None:
+        """Forget ``block``'s hash (its KV turned out not to be written)."""
+        if block.block_hash is not None and self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = None
 
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)

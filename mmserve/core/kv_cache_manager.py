@@ -17,8 +17,10 @@ class KVCacheManager:
     Invariants:
     - ``req_blocks[r]`` has exactly cdiv(slots reserved for r, block_size) blocks, each with a
       reference held by r; slots are reserved for computed tokens plus tokens scheduled this step;
-    - the first ``num_hashed[r]`` blocks of r are registered in the pool under r's block hashes,
-      and only once a step has written their KV (so a failed step never leaves a stale hit);
+    - the first ``num_hashed[r]`` blocks of r are registered in the pool under r's block hashes
+      as soon as they are full of computed or scheduled tokens (a request later in the same step
+      may hit them: each layer writes K/V before attending); if the step fails,
+      ``rollback_step`` unregisters them, so a hash always names KV that was written;
     - a prefix hit never covers a request's last token (its logits are needed);
     - ``free(r)`` returns every reference r holds, tail first (so a request's last blocks are
       evicted before its shared prefix); freed blocks keep their hash until reused;
@@ -40,6 +42,7 @@ class KVCacheManager:
         self.hasher = BlockHasher(hash_algo, hash_seed) if enable_prefix_caching else None
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.num_hashed: dict[str, int] = {}
+        self._registered_this_step: list[tuple[str, int, KVBlock]] = []
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -91,21 +94,29 @@ class KVCacheManager:
         if num_needed > 0:
             added += self.pool.get_new_blocks(num_needed)
         blocks.extend(added)
+        if self.hasher is not None:  # shareable at once: a later request of this step may hit it
+            self._cache_full_blocks(request, blocks, total // self.block_size)
         return [b.block_id for b in added]
 
-    def cache_computed_blocks(self, request: Request) -> None:
-        """Register the request's full blocks whose KV is now written (call after a successful
-        step: a step that failed must not leave hashes on blocks it never computed)."""
-        if self.hasher is None:
-            return
-        blocks = self.req_blocks.get(request.req_id)
-        if not blocks:
-            return
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_full: int) -> None:
         done = self.num_hashed.get(request.req_id, 0)
-        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
+        num_full = min(num_full, len(request.block_hashes))
         for i in range(done, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i])
+            if self.pool.cache_block(blocks[i], request.block_hashes[i]):
+                self._registered_this_step.append((request.req_id, i, blocks[i]))
         self.num_hashed[request.req_id] = max(done, num_full)
+
+    def begin_step(self) -> None:
+        """The previous step ran: its registrations are final."""
+        self._registered_this_step.clear()
+
+    def rollback_step(self) -> None:
+        """The step failed: unregister the blocks it registered (their KV was never written)."""
+        for req_id, index, block in reversed(self._registered_this_step):
+            self.pool.uncache_block(block)
+            if req_id in self.num_hashed:
+                self.num_hashed[req_id] = min(self.num_hashed[req_id], index)
+        self._registered_this_step.clear()
 
     def free(self, request: Request) -> None:
         blocks = self.req_blocks.pop(request.req_id, [])

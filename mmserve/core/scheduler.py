@@ -111,6 +111,7 @@ class Scheduler:
 
     # ---- scheduling --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.kv.begin_step()
         out = SchedulerOutput()
         self._token_budget = self.max_num_batched_tokens
         self._encoder_budget = self.encoder_compute_budget
@@ -208,6 +209,12 @@ class Scheduler:
         request.num_computed_tokens += plan.num_new_tokens
         self._token_budget -= plan.num_new_tokens
 
+    def rollback_step(self, sched: SchedulerOutput) -> None:
+        """The worker failed to run ``sched``: forget its prefix-cache registrations and abort
+        the requests it scheduled (their KV is incomplete)."""
+        self.kv.rollback_step()
+        self.finish_requests(list(sched.num_scheduled_tokens), RequestStatus.FINISHED_ABORTED)
+
     # ---- results -----------------------------------------------------------------------
     def update(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
         """Apply a step's results. Returns the requests that got a token (finished ones too)."""
@@ -217,7 +224,6 @@ class Scheduler:
             if request is None:
                 continue  # aborted while the step ran
             release_encoded_inputs(request, self.encoder_cache)
-            self.kv.cache_computed_blocks(request)
             token = result.sampled_token_ids.get(req_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end

@@ -214,7 +214,11 @@ class LLMEngine:
     # ---- stepping ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
-        result = self.runner.execute(sched)
+        try:
+            result = self.runner.execute(sched)
+        except BaseException:
+            self.scheduler.rollback_step(sched)
+            raise
         stalled = sched.is_empty and self.scheduler.has_unfinished_requests()
         self.num_idle_steps = self.num_idle_steps + 1 if stalled else 0
         outputs = []
