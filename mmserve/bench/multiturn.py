@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extra = {"processor_kwargs": pkw}
         if kind != "transformers":
             extra["max_model_len"] = args.max_model_len
+            extra["limit_mm_per_prompt"] = {"image": max(args.turns, 2)}
         runner = make_runner(kind, args.model, **extra)
         run_conversation(runner, 2, args.resolution, 2, WARMUP_SEED)  # warm-up, other images
         repeats = [run_conversation(runner, args.turns, args.resolution, args.answer_tokens,

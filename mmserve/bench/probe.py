@@ -87,7 +87,8 @@ class EncoderMeter:
 
 
 def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list[dict]:
-    runner = MmserveRunner(args.model, caches=MODES[mode], processor_kwargs=pkw)
+    runner = MmserveRunner(args.model, caches=MODES[mode], processor_kwargs=pkw,
+                           limit_mm_per_prompt={"image": args.max_images})
     meter = EncoderMeter(runner.engine.model)
     warm = [{"role": "user", "content": [
         {"type": "image", "image": png_bytes(90_000, args.resolution)},
@@ -104,7 +105,7 @@ def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list
         try:
             result = runner.chat_turn(messages, args.answer_tokens)
         except ValueError as exc:  # the conversation no longer fits the context
-            print(f"{mode}: stopped before {n} images: {exc}")
+            tqdm.write(f"{mode}: stopped before {n} images: {exc}")
             break
         messages.append({"role": "assistant", "content": result.answer})
         metrics = runner.engine.get_metrics()
@@ -121,7 +122,7 @@ def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list
             "ttft_s": result.ttft_s,
         })
         if args.max_rss_mib and rss / 2**20 > args.max_rss_mib:
-            print(f"{mode}: stopped at {n} images: RSS above {args.max_rss_mib} MiB")
+            tqdm.write(f"{mode}: stopped at {n} images: RSS above {args.max_rss_mib} MiB")
             break
     return rows
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,21 @@ def environment() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "commit": _git_commit(),
     }
+
+
+def _git_commit() -> str | None:
+    """HEAD of the mmserve checkout (+ "-dirty" with local changes), None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty.strip() else "")
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -24,9 +24,11 @@ from mmserve import LLM, SamplingParams
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
 from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.runners import model_max_len, processor_kwargs_for
+from mmserve.bench.runners import model_max_len, processor_kwargs_for, run_transformers
 from mmserve.bench.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
 from mmserve.bench.workloads import (
+    RUN_STRIDE,
+    WARMUP_RUN,
     Spec,
     distinct_images,
     latency_summary,
@@ -97,22 +99,18 @@ def run_mmserve(llm: LLM, requests: list[dict], max_tokens: int, arrival: str) -
     }
 
 
-def run_transformers(
-    ref: HFReference, requests: list[dict], max_tokens: int, arrival: str
-) -> dict[str, Any]:
-    """transformers serves one request at a time: under ``all`` later requests queue."""
-    t0 = time.monotonic()
-    outs, ttfts, prompt_tokens = [], [], 0
-    for request in tqdm(requests, desc="transformers"):
-        start = time.monotonic() if arrival == "sequential" else t0
-        inputs = ref.inputs(request["prompt"], request["images"])
-        ids, first = ref.generate(inputs, max_tokens, time.monotonic)
-        outs.append(ids)
-        ttfts.append((first or time.monotonic()) - start)
-        prompt_tokens += int(inputs["input_ids"].shape[1])
-    return {"wall_s": time.monotonic() - t0, "ttfts": ttfts, "outputs": outs,
-            "prompt_tokens": prompt_tokens, "cached_tokens": 0,
-            "images_encoded": len(requests), "encoder_s": ref.encoder_seconds}
+def preprocess_seconds(llm: LLM, work: Workload, samples: int = 3) -> float:
+    """Admission cost of a new image (decode-free: PIL in; hash + HF preprocessing) minus that
+    of an image the admission memo has seen: per-distinct-image work besides the encoder."""
+    prompt = work.prompt(warmup_specs(1)[0])
+    fresh, seen = [], []
+    for i in range(samples):
+        image = synthetic_image(WARMUP_RUN * RUN_STRIDE + 1000 + i, work.resolution)
+        for times in (fresh, seen):
+            start = time.perf_counter()
+            llm.engine.process_inputs(prompt, [image])
+            times.append(time.perf_counter() - start)
+    return max(statistics.median(fresh) - statistics.median(seen), 0.0)
 
 
 def engine_runs(
@@ -155,7 +153,9 @@ def engine_runs(
     for specs in tqdm(runs, desc=f"{engine} runs"):
         llm = LLM(args.model, processor_kwargs=pkw, **MODES[engine])
         llm.generate(warm, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+        prep = preprocess_seconds(llm, work)
         results.append(run_mmserve(llm, work.requests(specs), args.max_tokens, args.arrival))
+        results[-1]["preprocess_per_image_s"] = prep
         del llm
     return results
 
@@ -175,6 +175,33 @@ def row(engine: str, results: list[dict[str, Any]], num_requests: int) -> dict[s
             out[key] = statistics.median(r[key] for r in results)
     out["walls"] = [r["wall_s"] for r in results]
     return out
+
+
+def encode_once(results: dict[str, list[dict]], distinct: int) -> dict[str, Any]:
+    """The encode-once limit of each repeat, from mmserve with its encoder cache on: its D = 1
+    floor + (D - 1) x its encoder seconds per image. Every engine's wall time is divided by the
+    limit of the same repeat (runs are interleaved, so pairing cancels slow drift); medians."""
+    ref = next((e for e in ("mmserve", "mmserve-prefix-off") if e in results), None)
+    if ref is None:
+        return {}
+    limits = []
+    for run, floor in zip(results[ref][0::2], results[ref][1::2], strict=True):
+        per_image = run["encoder_s"] / max(run["images_encoded"], 1)
+        prep = run["preprocess_per_image_s"]
+        limits.append((floor["wall_s"], per_image, prep,
+                       floor["wall_s"] + (distinct - 1) * per_image,
+                       floor["wall_s"] + (distinct - 1) * (per_image + prep)))
+
+    def ratios(k: int) -> dict[str, float]:
+        return {engine: statistics.median(r["wall_s"] / lim[k] for r, lim in
+                                          zip(res[0::2], limits, strict=True))
+                for engine, res in results.items()}
+
+    floor_s, per_image_s, prep_s, limit_s, limit_prep_s = (
+        statistics.median(x) for x in zip(*limits, strict=True))
+    return {"reference": ref, "floor_s": floor_s, "per_image_s": per_image_s,
+            "preprocess_per_image_s": prep_s, "limit_s": limit_s, "wall_over_limit": ratios(3),
+            "limit_incl_preprocess_s": limit_prep_s, "wall_over_limit_incl_prep": ratios(4)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,43 +240,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.zipf:
         specs = zipf_specs(args.requests, args.distinct, args.exponent, args.seed)
         runs = [specs, with_single_image(specs, run=0)]
-        name = f"reuse_zipf_D{args.distinct}_{args.arrival}"
+        name = f"reuse_{Path(args.model).name}_zipf_D{args.distinct}_{args.arrival}"
     else:
         runs = [reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed)]
-        name = f"reuse_{round(args.reuse * 100)}pct_{args.order}_{args.arrival}"
+        name = (f"reuse_{Path(args.model).name}_{round(args.reuse * 100)}pct_{args.order}_"
+                f"{args.arrival}")
+    results: dict[str, list[dict]] = {e: [] for e in engines}
+    for _ in tqdm(range(args.repeats), desc="repeats"):  # interleaved: drift hits all engines
+        for engine in tqdm(engines, desc="engines", leave=False):
+            results[engine] += engine_runs(engine, args, work, runs, pkw, python)
     rows, floors = [], []
-    for engine in tqdm(engines, desc="engines"):
-        results = engine_runs(engine, args, work, runs * args.repeats, pkw, python)
-        rows.append(row(engine, results[0 :: len(runs)], args.requests))
-        rows[-1]["outputs"] = results[0]["outputs"]
+    for engine, res in results.items():
+        rows.append(row(engine, res[0 :: len(runs)], args.requests))
+        rows[-1]["outputs"] = res[0]["outputs"]
         if args.zipf:
-            floors.append(row(engine, results[1 :: len(runs)], args.requests))
+            floors.append(row(engine, res[1 :: len(runs)], args.requests))
     first = rows[0]["outputs"]
     for r in rows:
         r["throughput_ratio"] = r["req_per_s"] / rows[0]["req_per_s"]
         r["identical_outputs"] = r.pop("outputs") == first
     same = all(r["identical_outputs"] for r in rows)
     columns = ["engine", "wall_s", "req_per_s", "throughput_ratio", "ttft_mean_s", "ttft_p50_s",
-               "ttft_p99_s", "prefix_hit_rate", "encoder_hit_rate", "images_encoded",
+               "ttft_p99_s", "cached_token_frac", "prefix_hit_rate", "encoder_hit_rate",
+               "images_encoded",
                "encoder_s", "identical_outputs"]
     d = distinct_images(runs[0])
+    limit = encode_once(results, d) if args.zipf else {}
     if args.zipf:
-        mm = rows[0] if rows[0]["engine"] in MODES else None
-        per_image = mm["encoder_s"] / max(mm["images_encoded"], 1) if mm else float("nan")
         for r, floor in zip(rows, floors, strict=True):
-            r["floor_s"] = floor["wall_s"]
-            if r["engine"] in MODES:
-                r["limit_s"] = floor["wall_s"] + (d - 1) * per_image
-                r["wall_over_limit"] = r["wall_s"] / r["limit_s"]
-        columns[1:1] = ["floor_s", "limit_s", "wall_over_limit"]
-        print(f"\nzipf: D={args.distinct} ({d} drawn), exponent {args.exponent}, "
-              f"encoder time per image {per_image * 1000:.1f} ms")
+            r["own_floor_s"] = floor["wall_s"]
+            for key in ("wall_over_limit", "wall_over_limit_incl_prep"):
+                r[key] = limit.get(key, {}).get(r["engine"], "n/a")
+        columns[1:1] = ["own_floor_s", "wall_over_limit", "wall_over_limit_incl_prep"]
+        print(f"\nzipf: D={args.distinct} ({d} drawn), exponent {args.exponent}; encode-once "
+              f"limit ({limit.get('reference')}) = floor {limit.get('floor_s', 0):.3f} s + "
+              f"{d - 1} x {limit.get('per_image_s', 0) * 1000:.1f} ms = "
+              f"{limit.get('limit_s', 0):.3f} s; + {d - 1} x "
+              f"{limit.get('preprocess_per_image_s', 0) * 1000:.1f} ms preprocessing = "
+              f"{limit.get('limit_incl_preprocess_s', 0):.3f} s")
     print(f"\nreuse: {args.model}, {args.requests} requests, {name}, {args.resolution}, "
           f"{args.max_tokens} tokens, {args.threads} threads, {args.repeats} repeat(s)")
     print(markdown_table(rows, columns))
     print(f"identical outputs across engines: {same}")
     path = save(name, args.out, {"args": vars(args), "processor_kwargs": pkw,
                                  "distinct_images": d, "rows": rows, "floors": floors,
+                                 "encode_once": limit,
                                  "identical_outputs": same})
     plot_lines(path.with_suffix(".png"), f"reuse TTFT percentiles ({args.model}, {name})",
                "percentile", "TTFT (s)",

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm import tqdm
+
 from mmserve import LLM, SamplingParams
 from mmserve.bench.reference import QWEN2_VL, HFReference
 from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
@@ -133,3 +135,21 @@ def make_runner(kind: str, model: str, **engine_args: Any) -> MmserveRunner | Tr
     if kind == "transformers":
         return TransformersRunner(model, **engine_args)
     raise ValueError(f"unknown engine {kind!r}")
+
+
+def run_transformers(
+    ref: HFReference, requests: list[dict], max_tokens: int, arrival: str
+) -> dict[str, Any]:
+    """transformers serves one request at a time: under ``all`` later requests queue."""
+    t0 = time.monotonic()
+    outs, ttfts, prompt_tokens = [], [], 0
+    for request in tqdm(requests, desc="transformers"):
+        start = time.monotonic() if arrival == "sequential" else t0
+        inputs = ref.inputs(request["prompt"], request["images"])
+        ids, first = ref.generate(inputs, max_tokens, time.monotonic)
+        outs.append(ids)
+        ttfts.append((first or time.monotonic()) - start)
+        prompt_tokens += int(inputs["input_ids"].shape[1])
+    return {"wall_s": time.monotonic() - t0, "ttfts": ttfts, "outputs": outs,
+            "prompt_tokens": prompt_tokens, "cached_tokens": 0,
+            "images_encoded": len(requests), "encoder_s": ref.encoder_seconds}

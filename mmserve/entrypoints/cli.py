@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mmserve.bench.cli import add_bench_parser
 from mmserve.entrypoints.openai.cli_args import add_serve_parser
 from mmserve.models.tiny import PRESET_NAMES
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--out", required=True, help="output directory")
     tiny.set_defaults(func=_tiny_model)
     add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
