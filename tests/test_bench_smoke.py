@@ -91,7 +91,7 @@ def test_serve_client_against_stub(tmp_path):
     assert summary["requests"] == 5 and summary["failed"] == 0
     assert summary["out_tok_per_s"] > 0 and summary["ttft_p50_s"] > 0
     assert all(r["text"] == "a b c" and len(r["itl_s"]) == 2 for r in out["results"])
-    assert (tmp_path / "serve_c2.json").exists()
+    assert (tmp_path / "serve_c2_30pct_shuffled.json").exists()
 
 
 def test_sse_parsing_and_helpers():

@@ -208,7 +208,8 @@ def main(
     errors = [r["error"] for r in results if r["error"]]
     if errors:
         print(f"{len(errors)} failed, first: {errors[0]}")
-    name = f"serve_c{args.concurrency}"
+    kind = f"zipf_D{args.distinct}" if args.zipf else f"{round(args.reuse * 100)}pct_{args.order}"
+    name = f"serve_c{args.concurrency}_{kind}"
     path = save(name, args.out, {"args": vars(args), "run": run, "summary": row,
                                  "results": results})
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
