@@ -66,6 +66,7 @@ class SchedulerConfig:
     limit_mm_per_prompt: dict[str, int] = field(
         default_factory=lambda: {"image": DEFAULT_IMAGE_LIMIT}
     )
+    stall_steps: int | None = None  # steps without progress before failing a request; None: auto
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -74,6 +75,8 @@ class SchedulerConfig:
             )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.stall_steps is not None and self.stall_steps < 1:
+            raise ValueError(f"stall_steps must be >= 1, got {self.stall_steps}")
         unknown = set(self.limit_mm_per_prompt) - {"image"}
         if unknown:
             raise ValueError(f"limit_mm_per_prompt supports only 'image', got {sorted(unknown)}")

@@ -16,10 +16,11 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # failed alone: its input broke a step, or it could not progress
 
     @property
     def is_finished(self) -> bool:
-        return self.value in ("stop", "length", "abort")
+        return self.value in ("stop", "length", "abort", "error")
 
 
 class Request:
@@ -49,6 +50,7 @@ class Request:
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.max_num_computed_tokens = 0  # high-water mark, for ProgressMonitor
         self.num_cached_tokens = 0
         self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []  # one per full block of all_token_ids, see BlockHasher

@@ -19,9 +19,9 @@ def hashes(request, algo="xxh3_128", seed=0):
 def test_image_spanning_three_blocks_gives_exact_extra_keys():
     # image a at 11..30 (19 embeddings), image b at 30..34, then text: blocks 0..2.
     req = make_request("r", [11, ("a", 19), ("b", 4), 14])
-    assert block_image_keys(req, 0, 16) == (("a", 11),)
-    assert block_image_keys(req, 16, 32) == (("a", -5), ("b", 14))
-    assert block_image_keys(req, 32, 48) == (("b", -2),)
+    assert block_image_keys(req, 0, 16) == (("a:19", 11),)  # key = hash + embedding count
+    assert block_image_keys(req, 16, 32) == (("a:19", -5), ("b:4", 14))
+    assert block_image_keys(req, 32, 48) == (("b:4", -2),)
 
 
 def test_same_text_other_image_differs_from_the_images_first_block_on():

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from mmserve.core.encoder_cache import EncoderCacheManager
+from mmserve.core.outputs import MultiModalItem
 
 
 def test_allocate_and_reuse_across_requests():
     cache = EncoderCacheManager(100, bytes_per_embedding=8)
     cache.allocate("a", "r1", 40)
-    assert cache.contains("a", 40) and cache.num_free == 60 and cache.num_bytes == 320
+    assert cache.contains("a") and cache.num_free == 60 and cache.num_bytes == 320
     assert cache.add_ref("a", "r2") is True
     assert cache.add_ref("a", "r2") is False  # already referenced by r2
     assert cache.referenced["a"] == {"r1", "r2"}
@@ -20,7 +21,7 @@ def test_free_to_lru_revive_and_capacity_accounting():
     cache = EncoderCacheManager(100)
     cache.allocate("a", "r1", 40)
     cache.release("a", "r1")
-    assert "a" in cache.unreferenced and cache.contains("a", 40)
+    assert "a" in cache.unreferenced and cache.contains("a")
     assert cache.num_free == 60  # still cached: eviction is lazy
     assert cache.can_allocate(100)  # ...but its space is reclaimable
     cache.add_ref("a", "r2")  # revive
@@ -34,7 +35,7 @@ def test_evicts_oldest_unreferenced_only():
     cache.release("b", "r2")
     cache.release("a", "r1")  # released after b: b is the oldest unreferenced
     cache.allocate("d", "r4", 40)
-    assert not cache.contains("b", 30) and cache.contains("a", 30) and cache.contains("c", 30)
+    assert not cache.contains("b") and cache.contains("a") and cache.contains("c")
     assert cache.take_freed() == ["b"]
     assert cache.take_freed() == []  # drained once
     assert cache.num_evictions == 1
@@ -43,11 +44,22 @@ def test_evicts_oldest_unreferenced_only():
         cache.allocate("e", "r5", 41)
 
 
-def test_collision_with_other_length_raises():
+def test_colliding_hashes_of_other_lengths_are_separate_entries():
+    a40 = MultiModalItem("a", 0, 40)
+    a41 = MultiModalItem("a", 50, 41)
+    cache = EncoderCacheManager(100)
+    cache.allocate(a40.key, "r1", 40)
+    assert not cache.contains(a41.key)  # a miss, not an exception
+    cache.allocate(a41.key, "r2", 41)
+    assert cache.num_free == 19
+
+
+def test_discard_forgets_an_entry_and_reports_it():
     cache = EncoderCacheManager(100)
     cache.allocate("a", "r1", 40)
-    with pytest.raises(RuntimeError, match="hash collision"):
-        cache.contains("a", 41)
+    cache.discard("a")
+    assert not cache.contains("a") and cache.num_free == 100 and not cache.referenced
+    assert cache.take_freed() == ["a"]
 
 
 def test_release_unknown_is_noop_and_all_free_at_end():
@@ -70,7 +82,7 @@ def test_cross_request_caching_off_evicts_on_last_release():
     cache.allocate("a", "r1", 40)
     cache.add_ref("a", "r2")
     cache.release("a", "r1")
-    assert cache.contains("a", 40)  # r2 still needs it
+    assert cache.contains("a")  # r2 still needs it
     cache.release("a", "r2")
-    assert not cache.contains("a", 40) and cache.num_free == 100
+    assert not cache.contains("a") and cache.num_free == 100
     assert cache.take_freed() == ["a"]

@@ -163,7 +163,7 @@ def test_image_reused_across_requests_and_turns(ref, imgs):
 def test_preemption(ref, imgs):
     # ~275-token prompts take 18 blocks each: two fit in 37 blocks, but their decodes soon
     # need more, so the newer one is preempted and recomputed (positions rebuilt incl. output).
-    llm = LLM(MODEL, num_kv_blocks=37, block_size=16, max_num_batched_tokens=512)
+    llm = LLM(MODEL, num_kv_blocks=37, block_size=16, max_model_len=592, max_num_batched_tokens=512)
     cases = [(chat_prompt(1, f"Question {i}?"), [make_image(10 + i, (640, 360))])
              for i in range(4)]
     check_parity(llm, ref, cases)

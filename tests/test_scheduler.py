@@ -19,11 +19,11 @@ def test_image_split_across_chunks_encoded_once_and_released_when_in_kv():
     out1 = fake_step(sched)
     assert out1.num_scheduled_tokens == {"r": 32}
     assert out1.scheduled_encoder_inputs == {"r": [0]}
-    assert sched.encoder_cache.is_referenced_by("a", "r")
+    assert sched.encoder_cache.is_referenced_by("a:40", "r")
     out2 = fake_step(sched)
     assert out2.num_scheduled_tokens == {"r": 28} and not out2.scheduled_encoder_inputs
-    assert not sched.encoder_cache.is_referenced_by("a", "r")  # all 40 tokens are in KV now
-    assert "a" in sched.encoder_cache.unreferenced  # but it stays cached for others
+    assert not sched.encoder_cache.is_referenced_by("a:40", "r")  # all 40 tokens are in KV now
+    assert "a:40" in sched.encoder_cache.unreferenced  # but it stays cached for others
     run_to_completion(sched)
     assert_all_free(sched)
 
@@ -67,7 +67,7 @@ def test_prefix_hit_inside_an_evicted_image_waits_with_zero_tokens():
     run_to_completion(sched)  # a's KV blocks and embeddings stay cached (unreferenced)
     sched.add_request(make_request("r2", [("b", 40), 2]))
     out = fake_step(sched)  # r2 starts image b, evicting a from the encoder cache
-    assert out.freed_encoder_hashes == ["a"] and out.num_scheduled_tokens == {"r2": 30}
+    assert out.freed_encoder_keys == ["a:40"] and out.num_scheduled_tokens == {"r2": 30}
     r3 = make_request("r3", [("a", 40), 2])
     sched.add_request(r3)
     out = fake_step(sched)
@@ -108,7 +108,7 @@ def test_abort_releases_everything():
     sched = make_scheduler(budget=16)
     sched.add_request(make_request("r1", [4, ("a", 40), 4]))
     fake_step(sched)
-    assert sched.encoder_cache.is_referenced_by("a", "r1")
+    assert sched.encoder_cache.is_referenced_by("a:40", "r1")
     sched.finish_requests(["r1"], RequestStatus.FINISHED_ABORTED)
     out = sched.schedule()
     assert out.finished_req_ids == {"r1"} and out.is_empty

@@ -32,7 +32,7 @@ def check_invariants(sched, out, encoded_before: set[str]) -> None:
         for i in idx
     ]
     assert sum(item.length for item in encoded) <= sched.encoder_compute_budget
-    hashes = [item.hash for item in encoded]
+    hashes = [item.key for item in encoded]
     assert len(hashes) == len(set(hashes))  # each image encoded at most once per step
     assert not set(hashes) & encoded_before  # never encode what is still cached
     cache = sched.encoder_cache
@@ -42,7 +42,7 @@ def check_invariants(sched, out, encoded_before: set[str]) -> None:
     for mm_hash, refs in cache.referenced.items():
         assert refs and refs <= set(sched.requests)
         for req_id in refs:
-            assert any(it.hash == mm_hash for it in sched.requests[req_id].mm_items)
+            assert any(it.key == mm_hash for it in sched.requests[req_id].mm_items)
     pool = sched.kv.pool
     held = Counter(b.block_id for blocks in sched.kv.req_blocks.values() for b in blocks)
     assert all(pool.blocks[i].ref_cnt == n for i, n in held.items())
@@ -52,12 +52,17 @@ def check_invariants(sched, out, encoded_before: set[str]) -> None:
 def step(sched) -> None:
     encoded_before = set(sched.encoder_cache.sizes)
     out = sched.schedule()
-    check_invariants(sched, out, encoded_before - set(out.freed_encoder_hashes))
+    check_invariants(sched, out, encoded_before - set(out.freed_encoder_keys))
     sampled = {
         r: 11 for r in out.num_scheduled_tokens
         if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens
     }
     sched.update(out, ModelRunnerOutput(sampled_token_ids=sampled))
+    for req_id, request in sched.requests.items():  # references are per occurrence in progress
+        computed = request.num_computed_tokens
+        in_progress = {it.key for it in request.mm_items if it.offset < computed < it.end}
+        held = {k for k, refs in sched.encoder_cache.referenced.items() if req_id in refs}
+        assert held == in_progress, (req_id, held, in_progress)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -85,14 +85,12 @@ def test_step_error_fails_requests_and_loop_survives(
 def test_scheduler_stall_fails_requests_instead_of_hanging(
     llm_engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def stalled_step() -> list:  # a scheduler that never schedules anything
-        llm_engine.num_idle_steps += 1
-        return []
+    from mmserve.core.outputs import SchedulerOutput
 
-    monkeypatch.setattr(llm_engine, "step", stalled_step)
-    engine = AsyncLLMEngine(llm_engine, start=False)
-    engine._stall_steps = 50  # noqa: SLF001 - keep the test fast
-    engine.start()
+    # a scheduler that never schedules anything
+    monkeypatch.setattr(llm_engine.scheduler, "schedule", lambda only=None: SchedulerOutput())
+    monkeypatch.setattr(llm_engine.progress, "limit", 50)
+    engine = AsyncLLMEngine(llm_engine)
     try:
         with pytest.raises(EngineStepError, match="no progress"):
             asyncio.run(asyncio.wait_for(collect(engine.generate("x", params=SHORT)), 10))

@@ -246,9 +246,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         name = (f"reuse_{Path(args.model).name}_{round(args.reuse * 100)}pct_{args.order}_"
                 f"{args.arrival}")
     results: dict[str, list[dict]] = {e: [] for e in engines}
-    for _ in tqdm(range(args.repeats), desc="repeats"):  # interleaved: drift hits all engines
-        for engine in tqdm(engines, desc="engines", leave=False):
-            results[engine] += engine_runs(engine, args, work, runs, pkw, python)
+    for rep in tqdm(range(args.repeats), desc="repeats"):
+        # interleaved, engines rotated and the (D, floor) pair flipped per repeat, so drift and
+        # position effects hit every engine and both runs of a pair alike
+        flip = rep % 2 == 1
+        for engine in tqdm(engines[rep % len(engines):] + engines[:rep % len(engines)],
+                           desc="engines", leave=False):
+            done = engine_runs(engine, args, work, runs[::-1] if flip else runs, pkw, python)
+            results[engine] += done[::-1] if flip else done
     rows, floors = [], []
     for engine, res in results.items():
         rows.append(row(engine, res[0 :: len(runs)], args.requests))

@@ -11,7 +11,7 @@ import xxhash
 
 from mmserve.request import Request
 
-ImageKey = tuple[str, int]  # (image hash, image start relative to the block start)
+ImageKey = tuple[str, int]  # (image key: hash + length, image start relative to the block start)
 
 HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
     "sha256": lambda data: hashlib.sha256(data).digest(),
@@ -22,7 +22,7 @@ HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
 def block_image_keys(request: Request, start: int, end: int) -> tuple[ImageKey, ...]:
     """(hash, offset - start) for every image of ``request`` overlapping [start, end)."""
     return tuple(
-        (item.hash, item.offset - start)
+        (item.key, item.offset - start)
         for item in request.mm_items
         if item.offset < end and item.end > start
     )

@@ -6,16 +6,18 @@ from collections import OrderedDict
 
 
 class EncoderCacheManager:
-    """Which image embeddings the worker holds, keyed by image content hash, shared by requests.
+    """Which image embeddings the worker holds, keyed by ``MultiModalItem.key`` (content hash +
+    embedding count), shared by requests.
 
     Invariants:
-    - every cached hash is in exactly one of ``referenced`` (hash -> non-empty set of request
+    - every cached key is in exactly one of ``referenced`` (key -> non-empty set of request
       ids) or ``unreferenced`` (LRU order, least recently released first);
-    - ``num_free == capacity - sum(sizes of all cached hashes)`` and never drops below 0;
+    - ``num_free == capacity - sum(sizes of all cached keys)`` and never drops below 0;
     - only unreferenced entries are evicted, lazily, when an allocation needs their space;
-    - every evicted hash is reported exactly once by ``take_freed()`` so the worker can drop it;
-    - a hash maps to one embedding count: a hit with another count is a hash collision and
-      raises instead of splicing wrong embeddings;
+    - every evicted key is reported by ``take_freed()`` so the worker can drop it (a key may be
+      reported again after ``discard``; dropping is idempotent);
+    - the key includes the embedding count, so a content-hash collision between items of
+      different lengths is two entries (a miss), never an exception or a wrong splice;
     - with ``retain_unreferenced=False`` (cross-request caching off) an entry is evicted as soon
       as its last reference is released, so only images in use are held.
     """
@@ -44,16 +46,8 @@ class EncoderCacheManager:
     def num_bytes(self) -> int:
         return self.num_cached_embeddings * self.bytes_per_embedding
 
-    def contains(self, mm_hash: str, length: int) -> bool:
-        size = self.sizes.get(mm_hash)
-        if size is None:
-            return False
-        if size != length:
-            raise RuntimeError(
-                f"encoder cache entry {mm_hash} holds {size} embeddings but the placeholder needs"
-                f" {length}: hash collision or inconsistent processor settings"
-            )
-        return True
+    def contains(self, key: str) -> bool:
+        return key in self.sizes
 
     def is_referenced_by(self, mm_hash: str, req_id: str) -> bool:
         return req_id in self.referenced.get(mm_hash, ())
@@ -111,9 +105,17 @@ class EncoderCacheManager:
             self._freed.append(mm_hash)
             self.num_evictions += 1
 
-    def release_all(self, req_id: str, mm_hashes: list[str]) -> None:
-        for mm_hash in mm_hashes:
-            self.release(mm_hash, req_id)
+    def release_all(self, req_id: str, keys: list[str]) -> None:
+        for key in keys:
+            self.release(key, req_id)
+
+    def discard(self, key: str) -> None:
+        """Forget an entry whose embeddings were never computed (a rolled-back allocation)."""
+        refs = self.referenced.pop(key, None)
+        if refs is None:
+            return
+        self.num_free += self.sizes.pop(key)
+        self._freed.append(key)
 
     def take_freed(self) -> list[str]:
         """Hashes evicted since the last call; each is returned once."""

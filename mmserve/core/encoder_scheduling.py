@@ -1,4 +1,10 @@
-"""The per-request image walk that fits encoder work into a chunked-prefill step."""
+"""The per-request image walk that fits encoder work into a chunked-prefill step.
+
+References are per *occurrence*: a request holds an item's cache entry from the step that
+schedules the item's first token until the item's last token is in the KV cache. A later
+occurrence of the same image re-acquires the entry (a hit while it is cached, a re-encode
+within budget once evicted), so a prompt like [A, B, A] never waits on its own reference.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,28 @@ from mmserve.request import Request
 
 @dataclass
 class EncoderPlan:
-    """What one request's chunk needs from the encoder: nothing is reserved until committed."""
+    """What one request's chunk needs from the encoder: nothing is reserved until committed.
+
+    ``blocked_on_space`` says the chunk was cut because the cache had no room (not because of
+    the per-step compute budget): the scheduler then lets no later request of the step take
+    cache space, so the space freed by finishing occurrences goes to the earlier request.
+    """
 
     num_new_tokens: int
     to_encode: list[int] = field(default_factory=list)  # item indices (cache misses)
     to_reference: list[int] = field(default_factory=list)  # item indices found in the cache
     num_embeddings_to_encode: int = 0
+    blocked_on_space: bool = False
+
+
+@dataclass
+class EncoderCommit:
+    """The references a committed plan took, so a failed step can give them back."""
+
+    referenced: list[str] = field(default_factory=list)  # keys whose reference is new
+    allocated: list[str] = field(default_factory=list)  # keys allocated (to be encoded)
+    hits: int = 0
+    embeddings_saved: int = 0
 
 
 def plan_encoder_inputs(
@@ -24,13 +46,15 @@ def plan_encoder_inputs(
     cache: EncoderCacheManager,
     budget_left: int,
     disable_chunked_mm_input: bool,
+    may_take_space: bool = True,
 ) -> EncoderPlan:
-    """Walk the request's images that overlap [C, C + num_new_tokens) and shrink the chunk when
-    an image cannot be served. The result never has a negative token count; it is 0 when the
-    computed position already sits inside an image that can be neither found nor encoded."""
+    """Walk the request's items that overlap [C, C + num_new_tokens) and shrink the chunk when
+    one cannot be served. The result never has a negative token count; it is 0 when the
+    computed position already sits inside an item that can be neither found nor encoded.
+    ``may_take_space=False`` allows only entries some request already references."""
     start = request.num_computed_tokens
     plan = EncoderPlan(num_new_tokens)
-    new_hashes: set[str] = set()
+    new_keys: set[str] = set()
     pinned: dict[str, int] = {}  # unreferenced entries this plan references: not evictable
     for idx, item in enumerate(request.mm_items):
         end = start + plan.num_new_tokens
@@ -41,50 +65,76 @@ def plan_encoder_inputs(
         if disable_chunked_mm_input and start <= item.offset and end < item.end:
             plan.num_new_tokens = item.offset - start
             break
-        if item.hash in new_hashes or cache.contains(item.hash, item.length):
-            if item.hash in cache.unreferenced and item.hash not in pinned:
+        key = item.key
+        if key in new_keys or cache.contains(key):
+            if key in cache.unreferenced and key not in pinned:
                 # pinning it must not take the space the encodes planned so far rely on
-                if not cache.can_allocate(
+                fits = cache.can_allocate(
                     plan.num_embeddings_to_encode + sum(pinned.values()) + item.length
-                ):
+                )
+                if not (fits and may_take_space):
                     plan.num_new_tokens = max(item.offset - start, 0)
+                    plan.blocked_on_space = True
                     break
-                pinned[item.hash] = item.length
+                pinned[key] = item.length
             plan.to_reference.append(idx)
             continue
         needed = plan.num_embeddings_to_encode + item.length
-        if needed > budget_left or not cache.can_allocate(needed + sum(pinned.values())):
+        if needed > budget_left:
             plan.num_new_tokens = max(item.offset - start, 0)
+            break
+        if not (may_take_space and cache.can_allocate(needed + sum(pinned.values()))):
+            plan.num_new_tokens = max(item.offset - start, 0)
+            plan.blocked_on_space = True
             break
         plan.to_encode.append(idx)
         plan.num_embeddings_to_encode = needed
-        new_hashes.add(item.hash)
+        new_keys.add(key)
     return plan
 
 
 def commit_encoder_plan(
-    request: Request, plan: EncoderPlan, cache: EncoderCacheManager
-) -> tuple[int, int]:
-    """Take the references the plan needs. Returns (new cache hits, embeddings they saved)."""
-    hits = saved = 0
-    new_hashes = {request.mm_items[idx].hash for idx in plan.to_encode}
-    for idx in plan.to_reference:  # pin cached entries before allocating can evict them
+    request: Request, plan: EncoderPlan, cache: EncoderCacheManager, commit: EncoderCommit
+) -> None:
+    """Take the references the plan needs (cached entries first: allocating may evict),
+    recording each in ``commit`` as it is taken."""
+    new_keys = {request.mm_items[idx].key for idx in plan.to_encode}
+    for idx in plan.to_reference:
         item = request.mm_items[idx]
-        if item.hash not in new_hashes and cache.add_ref(item.hash, request.req_id):
-            hits += 1
-            saved += item.length
+        if item.key not in new_keys and cache.add_ref(item.key, request.req_id):
+            commit.referenced.append(item.key)
+            commit.hits += 1
+            commit.embeddings_saved += item.length
     for idx in plan.to_encode:
         item = request.mm_items[idx]
-        cache.allocate(item.hash, request.req_id, item.length)
-    return hits, saved
+        cache.allocate(item.key, request.req_id, item.length)
+        commit.allocated.append(item.key)
 
 
-def release_encoded_inputs(request: Request, cache: EncoderCacheManager) -> None:
-    """Release the references of images whose tokens are all in the KV cache now."""
+def undo_encoder_commit(req_id: str, commit: EncoderCommit, cache: EncoderCacheManager) -> None:
+    """Give back what ``commit_encoder_plan`` took (the allocations were never encoded)."""
+    for key in reversed(commit.allocated):
+        cache.discard(key)
+    for key in reversed(commit.referenced):
+        cache.release(key, req_id)
+
+
+def release_finished_occurrences(
+    request: Request, num_scheduled: int, cache: EncoderCacheManager
+) -> None:
+    """After a step: release the items whose last token the step computed, unless an occurrence
+    of the same image is still in progress (then that occurrence keeps the reference)."""
     computed = request.num_computed_tokens
-    pending = {item.hash for item in request.mm_items if item.end > computed}
+    step_start = computed - num_scheduled
+    finished: list[str] = []
+    in_progress: set[str] = set()
     for item in request.mm_items:
-        if item.end > computed:
+        if item.offset >= computed:
             break
-        if item.hash not in pending:  # the same image later in the prompt still needs it
-            cache.release(item.hash, request.req_id)
+        if item.end > computed:
+            in_progress.add(item.key)
+        elif item.end > step_start:
+            finished.append(item.key)
+    for key in finished:
+        if key not in in_progress:
+            cache.release(key, request.req_id)

@@ -118,6 +118,24 @@ class KVCacheManager:
                 self.num_hashed[req_id] = min(self.num_hashed[req_id], index)
         self._registered_this_step.clear()
 
+    def num_blocks_of(self, req_id: str) -> int:
+        return len(self.req_blocks.get(req_id, ()))
+
+    def truncate(self, request: Request, num_blocks: int) -> None:
+        """Give back the blocks past the first ``num_blocks`` of ``request`` (a rolled-back
+        step; call ``rollback_step`` first so none of them stays registered)."""
+        blocks = self.req_blocks.get(request.req_id)
+        if blocks is None:
+            return
+        extra = blocks[num_blocks:]
+        del blocks[num_blocks:]
+        self.pool.free_blocks(reversed(extra))
+        if not blocks:
+            del self.req_blocks[request.req_id]
+            self.num_hashed.pop(request.req_id, None)
+        elif request.req_id in self.num_hashed:
+            self.num_hashed[request.req_id] = min(self.num_hashed[request.req_id], num_blocks)
+
     def free(self, request: Request) -> None:
         blocks = self.req_blocks.pop(request.req_id, [])
         self.num_hashed.pop(request.req_id, None)

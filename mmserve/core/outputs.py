@@ -24,6 +24,12 @@ class MultiModalItem:
     def end(self) -> int:
         return self.offset + self.length
 
+    @property
+    def key(self) -> str:
+        """Encoder-cache key: the content hash and the embedding count, so two items whose
+        hashes collide but whose lengths differ are two entries, never a wrong splice."""
+        return f"{self.hash}:{self.length}"
+
 
 @dataclass
 class NewRequestData:
@@ -54,8 +60,8 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     # req_id -> indices of its mm_items to encode this step (deduplicated by hash across requests).
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
-    # Encoder-cache hashes evicted since the last step: the worker drops their tensors first.
-    freed_encoder_hashes: list[str] = field(default_factory=list)
+    # Encoder-cache keys evicted since the last step: the worker drops their tensors first.
+    freed_encoder_keys: list[str] = field(default_factory=list)
     # Requests that ended (finished, aborted) since the last step: forget all their state.
     finished_req_ids: set[str] = field(default_factory=set)
     # Requests preempted since the last step: drop their state but keep their sampling RNG, so a

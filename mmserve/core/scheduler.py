@@ -6,10 +6,12 @@ from collections import Counter, deque
 
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.encoder_scheduling import (
+    EncoderCommit,
     EncoderPlan,
     commit_encoder_plan,
     plan_encoder_inputs,
-    release_encoded_inputs,
+    release_finished_occurrences,
+    undo_encoder_commit,
 )
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.outputs import (
@@ -18,7 +20,16 @@ from mmserve.core.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.core.step_journal import RequestCommit, StepJournal
 from mmserve.request import Request, RequestStatus
+
+
+class SchedulingError(RuntimeError):
+    """``schedule()`` raised while planning ``request``; the whole step was rolled back."""
+
+    def __init__(self, request: Request | None, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.request = request
 
 
 class Scheduler:
@@ -26,14 +37,31 @@ class Scheduler:
 
     Invariants:
     - a live request is in exactly one of ``waiting`` (FCFS, preempted ones first) or
-      ``running``; ``len(running) <= max_num_seqs``;
+      ``running`` (admission order); ``len(running) <= max_num_seqs``;
     - per step: scheduled tokens <= max_num_batched_tokens, every scheduled count is >= 1 (a
       request that cannot progress is left out, never given 0 or a negative count), encoder
-      work <= the encoder compute budget, and an image hash is encoded at most once;
-    - a request references an image in the encoder cache from the step its chunk first overlaps
-      the image until the image's last token is computed, or until it finishes, is aborted or
-      preempted (preemption frees its KV blocks and encoder references; it recomputes later);
+      work <= the encoder compute budget, and an item key is encoded at most once;
+    - a request references an item *occurrence* from the step that schedules its first token
+      until its last token is computed (or the request ends or is preempted); at a step
+      boundary a request therefore holds at most the one entry its computed position is in;
+    - encoder plans are computed after the KV allocation they go with, so a preemption that
+      releases (and, with the encoder cache off, evicts) an entry is seen by the plan;
+    - ``schedule()`` is transactional (``StepJournal``): if it raises, every reference, block
+      and request field it changed is restored and ``SchedulingError`` names the request being
+      planned; ``rollback_step`` undoes a scheduled step the worker failed to run;
     - when no request is live, every KV block and every encoder-cache reference is free.
+
+    Progress guarantee: if every item fits the encoder cache and the per-step encoder budget,
+    ``max_model_len`` fits the KV cache and every prompt is shorter than ``max_model_len`` (the
+    engine validates all three), every admitted request finishes. Argument: the oldest running
+    request H is scheduled first with the whole token and encoder budget. KV: H preempts newer
+    requests until its blocks fit, and it fits alone. Encoder: the entries H can find occupied
+    are held only by occurrences in progress, which need no new encoder work and finish within
+    a bounded number of steps; once H is refused cache space, no later request of that step
+    may take any (``EncoderPlan.blocked_on_space``), so those occurrences drain and H gets the
+    space. Hence H gains >= 1 token within bounded steps, finishes, and the next oldest becomes
+    H; waiting requests are admitted FCFS as running ones finish. ``ProgressMonitor`` is the
+    safety net should a bug break this: it fails the stuck request only.
     """
 
     def __init__(
@@ -59,6 +87,8 @@ class Scheduler:
         self._worker_parked: set[str] = set()  # preempted: the worker keeps only their RNG
         self._ended_since_last_step: set[str] = set()
         self._preempted_since_last_step: set[str] = set()
+        self._journal = StepJournal()
+        self._space_reserved = False
         self.counters: Counter[str] = Counter()
 
     # ---- request lifecycle -------------------------------------------------------------
@@ -78,9 +108,15 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def head(self) -> Request | None:
+        """The request the scheduler serves first: the oldest running, else the next waiting."""
+        if self.running:
+            return self.running[0]
+        return self.waiting[0] if self.waiting else None
+
     def _release_resources(self, request: Request) -> None:
         self.kv.free(request)
-        self.encoder_cache.release_all(request.req_id, [item.hash for item in request.mm_items])
+        self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
         if request.req_id in self._worker_knows:
             self._worker_knows.discard(request.req_id)
             self._ended_since_last_step.add(request.req_id)
@@ -98,8 +134,10 @@ class Scheduler:
         del self.requests[request.req_id]
 
     def _preempt(self, request: Request) -> None:
+        journal = self._journal  # its state is final: a rollback must not restore it
+        journal.commits = [entry for entry in journal.commits if entry.request is not request]
         self.kv.free(request)
-        self.encoder_cache.release_all(request.req_id, [item.hash for item in request.mm_items])
+        self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
         if request.req_id in self._worker_knows:
             self._worker_knows.discard(request.req_id)
             self._worker_parked.add(request.req_id)
@@ -110,15 +148,28 @@ class Scheduler:
         self.counters["num_preemptions"] += 1
 
     # ---- scheduling --------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, only: set[str] | None = None) -> SchedulerOutput:
+        """Plan and commit one step. ``only``: consider just these request ids and preempt
+        nobody (the engine's retry of a failed step's requests in parts)."""
         self.kv.begin_step()
+        self._journal = StepJournal(
+            counters=dict(self.counters),
+            prefix_counters=(self.kv.prefix_cache_queries, self.kv.prefix_cache_hits),
+        )
         out = SchedulerOutput()
         self._token_budget = self.max_num_batched_tokens
         self._encoder_budget = self.encoder_compute_budget
-        preempted = self._schedule_running(out)
-        if not preempted:
-            self._schedule_waiting(out)
-        out.freed_encoder_hashes = self.encoder_cache.take_freed()
+        self._space_reserved = False
+        try:
+            preempted = self._schedule_running(out, only)
+            if not preempted:
+                self._schedule_waiting(out, only)
+        except Exception as exc:
+            culprit = self._journal.current
+            self._undo()
+            raise SchedulingError(culprit, exc) from exc
+        self._journal.current = None
+        out.freed_encoder_keys = self.encoder_cache.take_freed()
         out.finished_req_ids = self._ended_since_last_step
         out.preempted_req_ids = self._preempted_since_last_step
         self._ended_since_last_step = set()
@@ -133,57 +184,88 @@ class Scheduler:
             self.encoder_cache,
             self._encoder_budget,
             self.disable_chunked_mm_input,
+            may_take_space=not self._space_reserved,
         )
 
-    def _schedule_running(self, out: SchedulerOutput) -> bool:
+    def _schedule_running(self, out: SchedulerOutput, only: set[str] | None) -> bool:
         preempted = False
         idx = 0
         while idx < len(self.running) and self._token_budget > 0:
             request = self.running[idx]
-            plan = self._plan(request)
-            if plan.num_new_tokens == 0:
-                idx += 1
+            idx += 1
+            if only is not None and request.req_id not in only:
                 continue
-            new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
-            while new_block_ids is None:
+            self._journal.current = request
+            entry = self._journal_entry(request, admitted=False)
+            plan = self._plan(request)
+            new_block_ids = None
+            while plan.num_new_tokens > 0:
+                new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
+                if new_block_ids is not None or only is not None:
+                    break
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted = True
                 if victim is request:
-                    break
-                new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens)
-            if new_block_ids is None:
-                break
-            self._commit(request, plan, new_block_ids, out)
-            idx += 1
+                    return preempted
+                plan = self._plan(request)  # the victim's release may have evicted a planned hit
+            self._space_reserved |= plan.blocked_on_space
+            if new_block_ids is not None:
+                self._commit(entry, plan, new_block_ids, out)
         return preempted
 
-    def _schedule_waiting(self, out: SchedulerOutput) -> None:
-        while self.waiting and self._token_budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+    def _schedule_waiting(self, out: SchedulerOutput, only: set[str] | None) -> None:
+        for request in list(self.waiting):
+            if self._token_budget <= 0 or len(self.running) >= self.max_num_seqs:
+                return
+            if only is not None and request.req_id not in only:
+                continue
+            self._journal.current = request
+            entry = self._journal_entry(request, admitted=False)
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             request.num_computed_tokens = num_hit
             plan = self._plan(request)
+            self._space_reserved |= plan.blocked_on_space
             new_block_ids = None
             if plan.num_new_tokens > 0:
                 new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
             if new_block_ids is None:
-                request.num_computed_tokens = 0
-                break
+                request.num_computed_tokens = entry.prev_num_computed_tokens
+                return
             if request.status == RequestStatus.WAITING:  # first admission, not a resume
                 request.num_cached_tokens = num_hit
                 self.kv.record_prefix_query(request.num_tokens, num_hit)
-            self.waiting.popleft()
+            entry.admitted = True
+            entry.waiting_index = self.waiting.index(request)
+            del self.waiting[entry.waiting_index]
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            self._commit(request, plan, new_block_ids, out)
+            self._commit(entry, plan, new_block_ids, out)
+
+    def _journal_entry(self, request: Request, admitted: bool) -> RequestCommit:
+        entry = RequestCommit(
+            request,
+            EncoderCommit(),
+            admitted,
+            request.status,
+            request.num_computed_tokens,
+            request.num_cached_tokens,
+            self.kv.num_blocks_of(request.req_id),
+        )
+        self._journal.commits.append(entry)
+        return entry
 
     def _commit(
-        self, request: Request, plan: EncoderPlan, new_block_ids: list[int], out: SchedulerOutput
+        self,
+        entry: RequestCommit,
+        plan: EncoderPlan,
+        new_block_ids: list[int],
+        out: SchedulerOutput,
     ) -> None:
-        hits, saved = commit_encoder_plan(request, plan, self.encoder_cache)
-        self.counters["encoder_cache_hits"] += hits
-        self.counters["encoder_embeddings_from_cache"] += saved
+        request = entry.request
+        commit_encoder_plan(request, plan, self.encoder_cache, entry.encoder)
+        self.counters["encoder_cache_hits"] += entry.encoder.hits
+        self.counters["encoder_embeddings_from_cache"] += entry.encoder.embeddings_saved
         self.counters["encoder_cache_misses"] += len(plan.to_encode)
         self._encoder_budget -= plan.num_embeddings_to_encode
         if plan.to_encode:
@@ -193,6 +275,8 @@ class Scheduler:
                 CachedRequestData(request.req_id, new_block_ids, request.num_computed_tokens)
             )
         else:
+            entry.told_worker = True
+            entry.was_parked = request.req_id in self._worker_parked
             self._worker_knows.add(request.req_id)
             self._worker_parked.discard(request.req_id)
             out.new_requests.append(
@@ -209,21 +293,43 @@ class Scheduler:
         request.num_computed_tokens += plan.num_new_tokens
         self._token_budget -= plan.num_new_tokens
 
-    def rollback_step(self, sched: SchedulerOutput) -> None:
-        """The worker failed to run ``sched``: forget its prefix-cache registrations and abort
-        the requests it scheduled (their KV is incomplete)."""
+    def _undo(self) -> None:
+        """Restore what the last ``schedule()`` committed (see ``StepJournal``)."""
+        journal = self._journal
         self.kv.rollback_step()
-        self.finish_requests(list(sched.num_scheduled_tokens), RequestStatus.FINISHED_ABORTED)
+        for entry in reversed(journal.commits):
+            request = entry.request
+            undo_encoder_commit(request.req_id, entry.encoder, self.encoder_cache)
+            self.kv.truncate(request, entry.prev_num_blocks)
+            request.num_computed_tokens = entry.prev_num_computed_tokens
+            request.num_cached_tokens = entry.prev_num_cached_tokens
+            if entry.admitted:
+                self.running.remove(request)
+                request.status = entry.prev_status
+                self.waiting.insert(entry.waiting_index, request)
+            if entry.told_worker:
+                self._worker_knows.discard(request.req_id)
+                if entry.was_parked:
+                    self._worker_parked.add(request.req_id)
+        self.counters = Counter(journal.counters)
+        self.kv.prefix_cache_queries, self.kv.prefix_cache_hits = journal.prefix_counters
+        self._journal = StepJournal()
+
+    def rollback_step(self, sched: SchedulerOutput) -> None:
+        """The worker failed to run ``sched`` (the last step scheduled): undo it whole. Its
+        requests are back where they were, to be retried; ``sched`` must not be updated."""
+        self._undo()
 
     # ---- results -----------------------------------------------------------------------
     def update(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
         """Apply a step's results. Returns the requests that got a token (finished ones too)."""
+        self._journal = StepJournal()  # the step ran: nothing to roll back any more
         updated = []
-        for req_id in sched.num_scheduled_tokens:
+        for req_id, num_scheduled in sched.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None:
                 continue  # aborted while the step ran
-            release_encoded_inputs(request, self.encoder_cache)
+            release_finished_occurrences(request, num_scheduled, self.encoder_cache)
             token = result.sampled_token_ids.get(req_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end

@@ -14,9 +14,11 @@ Threading contract (the LLMEngine is not thread-safe):
   (``asyncio.to_thread(engine.process_inputs, ...)``), never on the event loop.
 - A consumer that stops early (client disconnect: CancelledError / GeneratorExit) aborts its
   request, which frees its KV blocks and encoder-cache references.
-- A failing ``step`` fails the in-flight requests with ``EngineStepError``, aborts them and the
-  loop goes on; so does a scheduler stall (more output-less steps than prefilling every running
-  request could need). An unexpected loop crash marks the engine dead (``check_health`` raises).
+- A request the engine failed alone (finish reason "error": its input broke a step, or it
+  could not progress) gets ``EngineStepError`` with the engine's message; nobody else does.
+  A ``step`` that raises anything else cannot be attributed: it fails the in-flight requests
+  and the loop goes on. ``EngineDeadError`` (a fatal device error) or an unexpected loop crash
+  marks the engine dead (``check_health`` raises, so /health answers 503).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
@@ -37,8 +40,6 @@ from mmserve.multimodal.processor import ProcessedPrompt
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-MIN_STALL_STEPS = 1000  # consecutive steps scheduling nothing before declaring a stall
 
 ParamsLike = SamplingParams | Callable[[int], SamplingParams]
 
@@ -128,7 +129,6 @@ class AsyncLLMEngine:
         self._stopping = False
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._stall_steps = MIN_STALL_STEPS  # consecutive steps that scheduled nothing
         if start:
             self.start()
 
@@ -259,11 +259,6 @@ class AsyncLLMEngine:
                     self._apply(command)
                 if self.engine.has_unfinished_requests():
                     self._step()
-                    idle_steps = self.engine.num_idle_steps
-                    if idle_steps > self._stall_steps:
-                        logger.error("%d steps scheduled nothing: failing all requests", idle_steps)
-                        self._fail_all(EngineStepError("the scheduler made no progress"))
-                        self.engine.num_idle_steps = 0
                 elif self._active:  # cannot happen unless the engine lost a request
                     self._fail_all(EngineStepError("the engine dropped the request"))
                 else:
@@ -305,6 +300,8 @@ class AsyncLLMEngine:
     def _step(self) -> list[RequestOutput]:
         try:
             outputs = self.engine.step()
+        except EngineDeadError:
+            raise  # ends the loop: the engine is dead, every request fails on the way out
         except Exception as exc:
             logger.exception("engine step failed; failing %d request(s)", len(self._active))
             self._fail_all(EngineStepError(f"the engine failed: {type(exc).__name__}: {exc}"))
@@ -316,7 +313,10 @@ class AsyncLLMEngine:
                 continue  # aborted meanwhile
             if out.finished:
                 del self._active[out.request_id]
-            stream.put_threadsafe(out)
+            if out.outputs[0].finish_reason == "error":
+                stream.put_threadsafe(EngineStepError(out.error or "the request failed"))
+            else:
+                stream.put_threadsafe(out)
         return outputs
 
     def _fail_all(self, error: EngineError) -> None:

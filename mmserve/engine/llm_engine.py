@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,8 +12,10 @@ import torch
 from mmserve.config import CacheConfig, EngineConfig, GiB, SchedulerConfig
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
+from mmserve.core.progress import ProgressMonitor
 from mmserve.core.scheduler import Scheduler
 from mmserve.engine.detokenizer import Detokenizer
+from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.loading import (
     build_model_config,
     load_image_processor,
@@ -20,12 +23,15 @@ from mmserve.engine.loading import (
     load_tokenizer,
 )
 from mmserve.engine.outputs import CompletionOutput, RequestOutput
+from mmserve.engine.step_isolation import IsolatingStepper
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.processor import InputProcessor, ProcessedPrompt
 from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.attention import PagedKVCache
 from mmserve.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -46,7 +52,13 @@ class LLMEngine:
         self.encoder_budget, _ = compute_encoder_budget(mc, sc)
         capacity = encoder_cache_capacity(mc, sc, cc)
         num_blocks = self._num_kv_blocks()
-        self.max_model_len = min(mc.max_model_len, num_blocks * cc.block_size)
+        if mc.max_model_len > num_blocks * cc.block_size:
+            raise ValueError(
+                f"max_model_len={mc.max_model_len} is more than the KV cache holds"
+                f" ({num_blocks} blocks x {cc.block_size} = {num_blocks * cc.block_size} tokens):"
+                " lower max_model_len or raise num_kv_blocks / kv_cache_memory"
+            )
+        self.max_model_len = mc.max_model_len
         self.kv_cache = PagedKVCache(
             self.model.num_layers,
             num_blocks,
@@ -73,10 +85,12 @@ class LLMEngine:
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.device, config.seed)
+        self.stepper = IsolatingStepper(self.scheduler, self.runner)
+        self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
+        self.dead: BaseException | None = None
         self._ids = itertools.count()
         self._prompts: dict[str, str | None] = {}
         self.num_prompt_tokens = 0
-        self.num_idle_steps = 0  # consecutive steps that scheduled nothing despite live requests
         self._text_lengths: dict[str, int] = {}  # text already searched for stop strings
 
     @classmethod
@@ -102,6 +116,7 @@ class LLMEngine:
         encoder_cache_size: int | None = None,
         max_num_encoder_input_tokens: int | None = None,
         limit_mm_per_prompt: dict[str, int] | None = None,
+        stall_steps: int | None = None,
         device: str = "cpu",
         allowed_local_path: Any = True,
     ) -> LLMEngine:
@@ -122,11 +137,20 @@ class LLMEngine:
             disable_chunked_mm_input=disable_chunked_mm_input,
             encoder_cache_size=encoder_cache_size,
             max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+            stall_steps=stall_steps,
         )
         if limit_mm_per_prompt is not None:
             sched_kwargs["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
         config = EngineConfig(model_config, cache, SchedulerConfig(**sched_kwargs), seed)
         return cls(config, device=device, allowed_local_path=allowed_local_path)
+
+    def _default_stall_steps(self) -> int:
+        """Generously more steps than the progress argument in ``Scheduler`` needs before the
+        oldest request gains a token: recompute a whole context and drain every running
+        request's in-progress image, a few steps per image."""
+        mc, sc = self.config.model, self.config.scheduler
+        tokens = mc.max_model_len + sc.max_num_seqs * mc.max_tokens_per_image
+        return 2 * (cdiv(tokens, sc.max_num_batched_tokens) + sc.max_images_per_prompt) + 64
 
     def _num_kv_blocks(self) -> int:
         cc, mc, sc = self.config.cache, self.config.model, self.config.scheduler
@@ -213,18 +237,53 @@ class LLMEngine:
 
     # ---- stepping ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
+        """Run one step. A request whose input breaks the step, or that cannot progress, ends
+        alone with finish reason "error"; only a fatal error raises (``EngineDeadError``)."""
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead}")
         try:
-            result = self.runner.execute(sched)
-        except BaseException:
-            self.scheduler.rollback_step(sched)
+            result = self.stepper.step()
+        except EngineDeadError as exc:
+            self.dead = exc
+            self.abort_request(list(self.scheduler.requests))
             raise
-        stalled = sched.is_empty and self.scheduler.has_unfinished_requests()
-        self.num_idle_steps = self.num_idle_steps + 1 if stalled else 0
-        outputs = []
-        for request in self.scheduler.update(sched, result):
-            outputs.append(self._make_output(request))
+        outputs = [self._make_output(request) for request in result.updated]
+        outputs += [self._error_output(request, why) for request, why in result.failed]
+        num_finished = sum(out.finished for out in outputs)
+        if self.progress.record(result.ran, num_finished, len(self.scheduler.requests)):
+            stuck = self.scheduler.head()
+            if stuck is not None:
+                self.scheduler.finish_requests([stuck.req_id], RequestStatus.FINISHED_ERROR)
+                outputs.append(self._error_output(stuck, self._stall_message(stuck)))
         return outputs
+
+    def _stall_message(self, request: Request) -> str:
+        sc = self.config.scheduler
+        limit = self.progress.limit
+        return (
+            f"no progress: no request's computed tokens advanced for {limit} steps and request"
+            f" {request.req_id} ({request.num_tokens} tokens, {len(request.mm_items)} images)"
+            f" was first in line. Limits: max_num_batched_tokens={sc.max_num_batched_tokens},"
+            f" encoder cache {self.scheduler.encoder_cache.capacity} embeddings,"
+            f" {self.scheduler.kv.pool.num_blocks} KV blocks, stall_steps={limit}; raise the one"
+            " this input exceeds (this should not happen for validated settings: please report)"
+        )
+
+    def _error_output(self, request: Request, message: str) -> RequestOutput:
+        logger.error("request %s failed: %s", request.req_id, message)
+        self._text_lengths.pop(request.req_id, None)
+        text = self.detokenizer.finish(request.req_id, request.output_token_ids)
+        out = CompletionOutput(0, text, list(request.output_token_ids), "error")
+        return RequestOutput(
+            request_id=request.req_id,
+            prompt=self._prompts.pop(request.req_id, None),
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[out],
+            finished=True,
+            num_cached_tokens=request.num_cached_tokens,
+            metrics={"arrival_time": request.arrival_time},
+            error=message,
+        )
 
     def _make_output(self, request: Request) -> RequestOutput:
         ids = request.output_token_ids
@@ -294,6 +353,7 @@ class LLMEngine:
             "encoder_cache_bytes": enc.num_bytes,
             "encoder_cache_capacity": enc.capacity,
             "encoder_cache_references": sum(len(r) for r in enc.referenced.values()),
+            "encoder_gather_misses": runner_enc.num_gather_misses,
             "encoder_seconds": runner_enc.encoder_seconds,
             "prefix_cache_queries": sched.kv.prefix_cache_queries,
             "prefix_cache_hits": sched.kv.prefix_cache_hits,

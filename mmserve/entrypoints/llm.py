@@ -12,8 +12,6 @@ from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
 from mmserve.sampling_params import SamplingParams
 
-MAX_IDLE_STEPS = 1000
-
 
 class LLM:
     """Synchronous front door; keyword arguments are those of ``LLMEngine.from_args``."""
@@ -34,7 +32,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """``prompts``: a str / token-id list / {"prompt" | "prompt_token_ids", "images",
-        "uuids", "cache_salt"} dict, or a list of them. Outputs come back in input order."""
+        "uuids", "cache_salt"} dict, or a list of them. Outputs come back in input order; a request
+        that failed alone (its input broke a step) has finish_reason "error" and ``.error``."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -77,8 +76,6 @@ class LLM:
         try:
             while any(r is None for r in results):
                 outs = self.engine.step()
-                if self.engine.num_idle_steps > MAX_IDLE_STEPS:
-                    raise RuntimeError("engine made no progress for many steps (scheduler stall)")
                 for out in outs:
                     if out.finished and out.request_id in order:
                         results[order[out.request_id]] = out

@@ -87,24 +87,54 @@ class ModelRunner:
         )
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step. If it raises, the worker is as before the step except that the ended,
+        preempted and evicted state ``sched`` reports is gone (repeating that is harmless), so
+        the scheduler can roll the step back and retry its requests."""
         for req_id in sched.finished_req_ids:
             self.states.pop(req_id, None)
             self._parked_generators.pop(req_id, None)
         for req_id in sched.preempted_req_ids:
-            state = self.states.pop(req_id)
-            if state.generator is not None:
+            state = self.states.pop(req_id, None)
+            if state is not None and state.generator is not None:
                 self._parked_generators[req_id] = state.generator
-        self.encoder.drop(sched.freed_encoder_hashes)
+        self.encoder.drop(sched.freed_encoder_keys)
+        self.encoder.begin_step()
+        undo = self._apply_request_changes(sched)
+        try:
+            if sched.is_empty:
+                return ModelRunnerOutput()
+            return self._run(sched)
+        except BaseException:
+            self.encoder.drop_step_encodes()
+            undo()
+            raise
+
+    def _apply_request_changes(self, sched: SchedulerOutput):
+        """Add the new requests and extend the cached ones; returns a function undoing it."""
+        added: list[tuple[str, torch.Generator | None]] = []
+        previous: list[tuple[RequestState, torch.Tensor, int]] = []
         for new in sched.new_requests:
+            added.append((new.req_id, self._parked_generators.get(new.req_id)))
             self._add_request(new)
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
+            previous.append((state, state.block_table, state.num_computed_tokens))
             if cached.new_block_ids:
-                added = torch.tensor(cached.new_block_ids, dtype=torch.long)
-                state.block_table = torch.cat((state.block_table, added))
+                more = torch.tensor(cached.new_block_ids, dtype=torch.long)
+                state.block_table = torch.cat((state.block_table, more))
             state.num_computed_tokens = cached.num_computed_tokens
-        if sched.is_empty:
-            return ModelRunnerOutput()
+
+        def undo() -> None:
+            for state, table, num_computed in previous:
+                state.block_table, state.num_computed_tokens = table, num_computed
+            for req_id, parked in added:
+                self.states.pop(req_id, None)
+                if parked is not None:
+                    self._parked_generators[req_id] = parked
+
+        return undo
+
+    def _run(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         seconds, images = self.encoder.encoder_seconds, self.encoder.num_images_encoded
         self.encoder.encode(
             [

@@ -1,0 +1,23 @@
+"""Engine failures that are not one request's fault."""
+
+from __future__ import annotations
+
+import torch
+
+_FATAL_MARKERS = ("CUDA error", "CUBLAS_STATUS", "cuDNN error", "device-side assert", "NCCL error")
+
+
+class EngineDeadError(RuntimeError):
+    """A fatal error (e.g. a CUDA error) poisoned the process: every request failed and the
+    engine refuses new work (the server's /health answers 503)."""
+
+
+def is_fatal_error(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the device in an unknown state, so no retry can be trusted."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False  # a batch too big: retrying smaller parts is the remedy
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(marker in text for marker in _FATAL_MARKERS)
