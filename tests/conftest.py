@@ -63,3 +63,15 @@ def assert_no_leaks(llm) -> None:
     assert metrics["kv_blocks_used"] == 0, metrics
     assert metrics["encoder_cache_references"] == 0, metrics
     assert metrics["num_requests_running"] == metrics["num_requests_waiting"] == 0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-seeds", type=int, default=24, help="differential fuzz: seeds 0..N-1")
+    parser.addoption("--fuzz-first-seed", type=int, default=0, help="differential fuzz: first")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fuzz_seed" in metafunc.fixturenames:
+        first = metafunc.config.getoption("fuzz_first_seed")
+        count = metafunc.config.getoption("fuzz_seeds")
+        metafunc.parametrize("fuzz_seed", range(first, first + count))

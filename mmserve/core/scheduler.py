@@ -21,6 +21,7 @@ from mmserve.core.outputs import (
     SchedulerOutput,
 )
 from mmserve.core.step_journal import RequestCommit, StepJournal
+from mmserve.core.worker_view import WorkerView
 from mmserve.request import Request, RequestStatus
 
 
@@ -83,10 +84,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self._worker_knows: set[str] = set()
-        self._worker_parked: set[str] = set()  # preempted: the worker keeps only their RNG
-        self._ended_since_last_step: set[str] = set()
-        self._preempted_since_last_step: set[str] = set()
+        self.worker = WorkerView()
         self._journal = StepJournal()
         self._space_reserved = False
         self.counters: Counter[str] = Counter()
@@ -117,12 +115,7 @@ class Scheduler:
     def _release_resources(self, request: Request) -> None:
         self.kv.free(request)
         self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
-        if request.req_id in self._worker_knows:
-            self._worker_knows.discard(request.req_id)
-            self._ended_since_last_step.add(request.req_id)
-        elif request.req_id in self._worker_parked:
-            self._worker_parked.discard(request.req_id)
-            self._ended_since_last_step.add(request.req_id)
+        self.worker.ended(request.req_id)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
@@ -138,10 +131,7 @@ class Scheduler:
         journal.commits = [entry for entry in journal.commits if entry.request is not request]
         self.kv.free(request)
         self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
-        if request.req_id in self._worker_knows:
-            self._worker_knows.discard(request.req_id)
-            self._worker_parked.add(request.req_id)
-            self._preempted_since_last_step.add(request.req_id)
+        self.worker.preempted(request.req_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.waiting.appendleft(request)
@@ -170,10 +160,7 @@ class Scheduler:
             raise SchedulingError(culprit, exc) from exc
         self._journal.current = None
         out.freed_encoder_keys = self.encoder_cache.take_freed()
-        out.finished_req_ids = self._ended_since_last_step
-        out.preempted_req_ids = self._preempted_since_last_step
-        self._ended_since_last_step = set()
-        self._preempted_since_last_step = set()
+        out.finished_req_ids, out.preempted_req_ids = self.worker.take_changes()
         return out
 
     def _plan(self, request: Request) -> EncoderPlan:
@@ -270,15 +257,13 @@ class Scheduler:
         self._encoder_budget -= plan.num_embeddings_to_encode
         if plan.to_encode:
             out.scheduled_encoder_inputs[request.req_id] = plan.to_encode
-        if request.req_id in self._worker_knows:
+        if self.worker.knows(request.req_id):
             out.cached_requests.append(
                 CachedRequestData(request.req_id, new_block_ids, request.num_computed_tokens)
             )
         else:
             entry.told_worker = True
-            entry.was_parked = request.req_id in self._worker_parked
-            self._worker_knows.add(request.req_id)
-            self._worker_parked.discard(request.req_id)
+            entry.was_parked = self.worker.send(request.req_id)
             out.new_requests.append(
                 NewRequestData(
                     req_id=request.req_id,
@@ -308,9 +293,7 @@ class Scheduler:
                 request.status = entry.prev_status
                 self.waiting.insert(entry.waiting_index, request)
             if entry.told_worker:
-                self._worker_knows.discard(request.req_id)
-                if entry.was_parked:
-                    self._worker_parked.add(request.req_id)
+                self.worker.unsend(request.req_id, entry.was_parked)
         self.counters = Counter(journal.counters)
         self.kv.prefix_cache_queries, self.kv.prefix_cache_hits = journal.prefix_counters
         self._journal = StepJournal()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,8 @@ from mmserve.engine.loading import (
     load_model,
     load_tokenizer,
 )
-from mmserve.engine.outputs import CompletionOutput, RequestOutput
+from mmserve.engine.output_processor import OutputProcessor
+from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.processor import InputProcessor, ProcessedPrompt
@@ -30,8 +30,6 @@ from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.attention import PagedKVCache
 from mmserve.worker.model_runner import ModelRunner
-
-logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -88,10 +86,9 @@ class LLMEngine:
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
         self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
         self.dead: BaseException | None = None
+        self.outputs = OutputProcessor(self.detokenizer, self.scheduler.finish_requests)
         self._ids = itertools.count()
-        self._prompts: dict[str, str | None] = {}
         self.num_prompt_tokens = 0
-        self._text_lengths: dict[str, int] = {}  # text already searched for stop strings
 
     @classmethod
     def from_args(
@@ -209,7 +206,7 @@ class LLMEngine:
             cache_salt=cache_salt,
         )
         self.scheduler.add_request(request)
-        self._prompts[req_id] = prompt_text
+        self.outputs.add(req_id, prompt_text)
         self.num_prompt_tokens += request.num_prompt_tokens
         return req_id
 
@@ -228,9 +225,7 @@ class LLMEngine:
     def abort_request(self, req_ids: list[str]) -> None:
         self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
         for req_id in req_ids:
-            self._prompts.pop(req_id, None)
-            self._text_lengths.pop(req_id, None)
-            self.detokenizer.forget(req_id)
+            self.outputs.forget(req_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -247,14 +242,14 @@ class LLMEngine:
             self.dead = exc
             self.abort_request(list(self.scheduler.requests))
             raise
-        outputs = [self._make_output(request) for request in result.updated]
-        outputs += [self._error_output(request, why) for request, why in result.failed]
+        outputs = [self.outputs.make_output(request) for request in result.updated]
+        outputs += [self.outputs.error_output(request, why) for request, why in result.failed]
         num_finished = sum(out.finished for out in outputs)
         if self.progress.record(result.ran, num_finished, len(self.scheduler.requests)):
             stuck = self.scheduler.head()
             if stuck is not None:
                 self.scheduler.finish_requests([stuck.req_id], RequestStatus.FINISHED_ERROR)
-                outputs.append(self._error_output(stuck, self._stall_message(stuck)))
+                outputs.append(self.outputs.error_output(stuck, self._stall_message(stuck)))
         return outputs
 
     def _stall_message(self, request: Request) -> str:
@@ -267,68 +262,6 @@ class LLMEngine:
             f" encoder cache {self.scheduler.encoder_cache.capacity} embeddings,"
             f" {self.scheduler.kv.pool.num_blocks} KV blocks, stall_steps={limit}; raise the one"
             " this input exceeds (this should not happen for validated settings: please report)"
-        )
-
-    def _error_output(self, request: Request, message: str) -> RequestOutput:
-        logger.error("request %s failed: %s", request.req_id, message)
-        self._text_lengths.pop(request.req_id, None)
-        text = self.detokenizer.finish(request.req_id, request.output_token_ids)
-        out = CompletionOutput(0, text, list(request.output_token_ids), "error")
-        return RequestOutput(
-            request_id=request.req_id,
-            prompt=self._prompts.pop(request.req_id, None),
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[out],
-            finished=True,
-            num_cached_tokens=request.num_cached_tokens,
-            metrics={"arrival_time": request.arrival_time},
-            error=message,
-        )
-
-    def _make_output(self, request: Request) -> RequestOutput:
-        ids = request.output_token_ids
-        previous = self._text_lengths.get(request.req_id, 0)
-        if request.is_finished:
-            text = self.detokenizer.finish(request.req_id, ids)
-        else:
-            text = self.detokenizer.update(request.req_id, ids)
-        stops = request.sampling_params.stop
-        if stops:
-            longest = max(len(s) for s in stops)
-            cut = Detokenizer.find_stop(text, stops, max(0, previous - longest + 1))
-            if cut is not None:
-                text = text[:cut]
-                if request.is_finished:
-                    request.status = RequestStatus.FINISHED_STOPPED
-                else:
-                    self.scheduler.finish_requests(
-                        [request.req_id], RequestStatus.FINISHED_STOPPED
-                    )
-                    self.detokenizer.forget(request.req_id)
-        if request.is_finished:
-            self._text_lengths.pop(request.req_id, None)
-        else:
-            self._text_lengths[request.req_id] = len(text)
-        finished = request.is_finished
-        prompt = self._prompts.pop(request.req_id, None) if finished else None
-        metrics = {"arrival_time": request.arrival_time}
-        if request.first_token_time is not None:
-            metrics["first_token_time"] = request.first_token_time
-        return RequestOutput(
-            request_id=request.req_id,
-            prompt=prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[
-                CompletionOutput(
-                    0,
-                    text,
-                    list(request.output_token_ids),
-                    request.status.value if finished else None,
-                )
-            ],
-            finished=finished,
-            num_cached_tokens=request.num_cached_tokens,
-            metrics=metrics,
         )
 
     def get_metrics(self) -> dict[str, float]:
