@@ -307,3 +307,29 @@ def test_max_model_len_beyond_the_kv_cache_is_refused():
         LLM("tiny-llava", num_kv_blocks=4, block_size=16)
     assert LLM("tiny-llava", num_kv_blocks=4, block_size=16, max_model_len=64).engine \
         .max_model_len == 64
+
+
+def test_a_fatal_error_in_the_server_engine_makes_health_fail(abc, monkeypatch):
+    from mmserve.engine.async_engine import EngineShutdownError
+
+    a, _, _ = abc
+    llm_engine = LLMEngine.from_args("tiny-llava")
+
+    def broken(sched):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(llm_engine.runner, "execute", broken)
+    engine = AsyncLLMEngine(llm_engine)
+
+    async def one():
+        return [o async for o in engine.generate("USER: <image>\nWhat? ASSISTANT:", [a],
+                                                 params=GREEDY)]
+
+    try:
+        with pytest.raises(EngineShutdownError, match="device-side assert"):
+            asyncio.run(one())
+        engine._thread.join(5)
+        with pytest.raises(EngineShutdownError, match="dead"):
+            engine.check_health()
+    finally:
+        engine.shutdown()

@@ -271,7 +271,8 @@ class AsyncLLMEngine:
                 self._stopping = True
                 leftover = list(self._inbox)
                 self._inbox.clear()
-            stopped = EngineShutdownError("the engine stopped")
+            why = f": {self._dead}" if self._dead is not None else ""
+            stopped = EngineShutdownError(f"the engine stopped{why}")
             for command in leftover:
                 if isinstance(command, _Add):
                     command.stream.put_threadsafe(stopped)

@@ -22,9 +22,9 @@ class IsolatingStepper:
     """schedule -> execute -> update, isolating failures to the requests that cause them.
 
     Invariants:
-    - a request fails only if its own planning raised (``SchedulingError`` names it) or a
-      step holding it alone raised; a step with one request is retried once alone first, so a
-      transient failure (one out-of-memory) costs a retry, not the request;
+    - a request fails only if its own planning raised (``SchedulingError`` names it) or two
+      steps in a row holding it alone raised; so a transient failure (one out-of-memory, even
+      one that hits the retry of an innocent request) costs retries, not the request;
     - a failed execute is rolled back on both sides before any retry (the worker undoes itself,
       ``Scheduler.rollback_step`` restores references, blocks and counters), then the failed
       step's requests are retried in halves (``schedule(only=...)``): k culprits among n
@@ -39,7 +39,7 @@ class IsolatingStepper:
 
     def step(self) -> StepResult:
         result = StepResult()
-        self._execute(self._schedule(None, result), result, restricted=False)
+        self._execute(self._schedule(None, result), result, solo_failures=0)
         return result
 
     def _schedule(self, only: set[str] | None, result: StepResult) -> SchedulerOutput:
@@ -52,31 +52,34 @@ class IsolatingStepper:
                     raise
                 self._fail(culprit, f"the scheduler failed on this request: {exc}", result)
 
-    def _execute(self, sched: SchedulerOutput, result: StepResult, restricted: bool) -> None:
+    def _execute(self, sched: SchedulerOutput, result: StepResult, solo_failures: int) -> None:
+        """``solo_failures``: how often in a row the one request of this retry failed alone."""
         try:
             output = self.runner.execute(sched)
         except Exception as exc:
             if is_fatal_error(exc):
                 raise EngineDeadError(f"the engine is dead after a fatal error: {exc}") from exc
             self.scheduler.rollback_step(sched)
-            self._isolate(list(sched.num_scheduled_tokens), exc, result, restricted)
+            self._isolate(list(sched.num_scheduled_tokens), exc, result, solo_failures)
             return
         requests = self.scheduler.requests
         result.ran.extend(requests[r] for r in sched.num_scheduled_tokens if r in requests)
         result.updated.extend(self.scheduler.update(sched, output))
 
     def _isolate(
-        self, suspects: list[str], exc: Exception, result: StepResult, restricted: bool
+        self, suspects: list[str], exc: Exception, result: StepResult, solo_failures: int
     ) -> None:
-        if len(suspects) == 1 and restricted:
+        if len(suspects) == 1:
+            failures = solo_failures + 1
             request = self.scheduler.requests.get(suspects[0])
-            if request is not None:
+            if failures >= 2 and request is not None:
                 self._fail(request, f"{type(exc).__name__}: {exc}", result)
+            elif request is not None:
+                self._execute(self._schedule({request.req_id}, result), result, failures)
             return
-        mid = max(len(suspects) // 2, 1)
+        mid = len(suspects) // 2
         for part in (suspects[:mid], suspects[mid:]):
-            if part:
-                self._execute(self._schedule(set(part), result), result, restricted=True)
+            self._execute(self._schedule(set(part), result), result, solo_failures=0)
 
     def _fail(self, request: Request, message: str, result: StepResult) -> None:
         self.scheduler.finish_requests([request.req_id], RequestStatus.FINISHED_ERROR)
