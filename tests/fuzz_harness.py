@@ -39,6 +39,7 @@ def max_tokens_per_image(model: str) -> int:
     return config.max_tokens_per_image
 
 
+@functools.cache  # the same objects every seed: PlainOutputs memoizes by image identity
 def image_pool(model: str) -> list[Image.Image]:
     sizes = [(96, 80), (64, 64), (120, 50), (70, 90)]
     if model == "tiny-qwen2-vl":

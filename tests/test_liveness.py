@@ -333,3 +333,36 @@ def test_a_fatal_error_in_the_server_engine_makes_health_fail(abc, monkeypatch):
             engine.check_health()
     finally:
         engine.shutdown()
+
+
+def test_stall_steps_must_be_positive():
+    with pytest.raises(ValueError, match="stall_steps must be >= 1, got 0"):
+        LLM("tiny-llava", stall_steps=0)
+
+
+def test_a_failure_outside_any_request_raises_instead_of_recursing(abc, monkeypatch):
+    """A step with nothing scheduled (only ended requests to forget) that fails cannot be
+    blamed on a request: it raises (on the first version it recursed without end)."""
+    engine = LLMEngine.from_args("tiny-llava")
+    req_id = engine.add_request("USER: <image>\nWhat? ASSISTANT:", GREEDY, [abc[0]])
+    engine.step()
+    engine.abort_request([req_id])
+
+    def broken(sched):
+        raise RuntimeError("bookkeeping broke")
+
+    monkeypatch.setattr(engine.runner, "execute", broken)
+    with pytest.raises(RuntimeError, match="bookkeeping broke"):
+        engine.step()
+
+
+def test_rollback_of_a_step_other_than_the_last_is_refused():
+    from mmserve.core.outputs import ModelRunnerOutput
+    from tests.core_helpers import make_request, make_scheduler
+
+    sched = make_scheduler()
+    sched.add_request(make_request("r", [20]))
+    first = sched.schedule()
+    sched.update(first, ModelRunnerOutput())
+    with pytest.raises(ValueError, match="only the last scheduled"):
+        sched.rollback_step(first)

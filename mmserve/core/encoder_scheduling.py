@@ -54,6 +54,8 @@ def plan_encoder_inputs(
     ``may_take_space=False`` allows only entries some request already references."""
     start = request.num_computed_tokens
     plan = EncoderPlan(num_new_tokens)
+    if not request.mm_items or request.mm_items[-1].end <= start:
+        return plan  # text or decode past the last item: the common case, kept O(1)
     new_keys: set[str] = set()
     pinned: dict[str, int] = {}  # unreferenced entries this plan references: not evictable
     for idx, item in enumerate(request.mm_items):
@@ -126,6 +128,8 @@ def release_finished_occurrences(
     of the same image is still in progress (then that occurrence keeps the reference)."""
     computed = request.num_computed_tokens
     step_start = computed - num_scheduled
+    if not request.mm_items or request.mm_items[-1].end <= step_start:
+        return  # every item was finished before this step (e.g. decoding)
     finished: list[str] = []
     in_progress: set[str] = set()
     for item in request.mm_items:

@@ -20,8 +20,6 @@ class ProgressMonitor:
     """
 
     def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"stall_steps must be >= 1, got {limit}")
         self.limit = limit
         self.steps_without_progress = 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Iterator
 
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.encoder_scheduling import (
@@ -159,6 +160,7 @@ class Scheduler:
             self._undo()
             raise SchedulingError(culprit, exc) from exc
         self._journal.current = None
+        self._journal.output = out
         out.freed_encoder_keys = self.encoder_cache.take_freed()
         out.finished_req_ids, out.preempted_req_ids = self.worker.take_changes()
         return out
@@ -183,7 +185,7 @@ class Scheduler:
             if only is not None and request.req_id not in only:
                 continue
             self._journal.current = request
-            entry = self._journal_entry(request, admitted=False)
+            entry = self._journal_entry(request)
             plan = self._plan(request)
             new_block_ids = None
             while plan.num_new_tokens > 0:
@@ -202,13 +204,11 @@ class Scheduler:
         return preempted
 
     def _schedule_waiting(self, out: SchedulerOutput, only: set[str] | None) -> None:
-        for request in list(self.waiting):
+        for request in self._waiting_candidates(only):
             if self._token_budget <= 0 or len(self.running) >= self.max_num_seqs:
                 return
-            if only is not None and request.req_id not in only:
-                continue
             self._journal.current = request
-            entry = self._journal_entry(request, admitted=False)
+            entry = self._journal_entry(request)
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             request.num_computed_tokens = num_hit
             plan = self._plan(request)
@@ -229,11 +229,19 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self._commit(entry, plan, new_block_ids, out)
 
-    def _journal_entry(self, request: Request, admitted: bool) -> RequestCommit:
+    def _waiting_candidates(self, only: set[str] | None) -> Iterator[Request]:
+        """FCFS: the head of ``waiting`` until one is refused (an admitted one leaves it)."""
+        if only is not None:
+            yield from [request for request in self.waiting if request.req_id in only]
+            return
+        while self.waiting:
+            yield self.waiting[0]
+
+    def _journal_entry(self, request: Request) -> RequestCommit:
         entry = RequestCommit(
             request,
             EncoderCommit(),
-            admitted,
+            False,
             request.status,
             request.num_computed_tokens,
             request.num_cached_tokens,
@@ -301,6 +309,8 @@ class Scheduler:
     def rollback_step(self, sched: SchedulerOutput) -> None:
         """The worker failed to run ``sched`` (the last step scheduled): undo it whole. Its
         requests are back where they were, to be retried; ``sched`` must not be updated."""
+        if self._journal.output is not sched:
+            raise ValueError("rollback_step: only the last scheduled, not yet updated step")
         self._undo()
 
     # ---- results -----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mmserve.core.encoder_scheduling import EncoderCommit
+from mmserve.core.outputs import SchedulerOutput
 from mmserve.request import Request, RequestStatus
 
 
@@ -39,3 +40,4 @@ class StepJournal:
     counters: dict[str, int] = field(default_factory=dict)
     prefix_counters: tuple[int, int] = (0, 0)
     current: Request | None = None  # the request being planned (blamed if planning raises)
+    output: SchedulerOutput | None = None  # the step these commits produced, once complete

@@ -69,6 +69,8 @@ class IsolatingStepper:
     def _isolate(
         self, suspects: list[str], exc: Exception, result: StepResult, solo_failures: int
     ) -> None:
+        if not suspects:  # only the ended / preempted / evicted bookkeeping failed: a bug
+            raise exc
         if len(suspects) == 1:
             failures = solo_failures + 1
             request = self.scheduler.requests.get(suspects[0])
