@@ -237,7 +237,7 @@ def test_a_poisoned_image_fails_only_its_request(reference, abc, monkeypatch):
         return real(pixels)
 
     monkeypatch.setattr(model, "encode_images", encode)
-    monkeypatch.setattr(llm.engine.processor, "_prepare", _memo_returning(llm, c, poison))
+    monkeypatch.setattr(llm.engine.processor, "prepare_image", _memo_returning(llm, c, poison))
     prompts = [("USER: <image>\nOne? ASSISTANT:", [a]), ("USER: <image>\nTwo? ASSISTANT:", [c]),
                ("USER: <image>\nThree? ASSISTANT:", [b]), ("Text only, please.", [])]
     outs = llm.generate([{"prompt": p, "images": i} for p, i in prompts], GREEDY, use_tqdm=False)
@@ -253,12 +253,12 @@ def test_a_poisoned_image_fails_only_its_request(reference, abc, monkeypatch):
 def _memo_returning(llm, image, data):
     """Make every preprocessing of ``image`` return the very ``data`` object (so the fake
     encoder can recognise it by identity)."""
-    real = llm.engine.processor._prepare
+    real = llm.engine.processor.prepare_image
 
     def prepare(source):
         prepared = real(source)
         if source is image:
-            return type(prepared)(prepared.mm_hash, data, prepared.length)
+            return type(prepared)(prepared.mm_hash, data, prepared.length, prepared.size)
         return prepared
 
     return prepare

@@ -41,9 +41,10 @@ def chat_messages(urls: list[str], text: str = "What is in the picture?") -> lis
     return [{"role": "user", "content": parts}]
 
 
-def scrape(url: str) -> dict[str, float]:
-    """/metrics as {sample name with sorted labels: value}."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+def scrape(url: str, key: str = API_KEY) -> dict[str, float]:
+    """/metrics as {sample name with sorted labels: value} (/metrics needs the API key)."""
+    auth = {"Authorization": f"Bearer {key}"}
+    text = httpx.get(f"{url}/metrics", headers=auth, timeout=10).text
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -52,11 +53,11 @@ def scrape(url: str) -> dict[str, float]:
     return samples
 
 
-def wait_idle(url: str, timeout: float = 10.0) -> dict[str, float]:
+def wait_idle(url: str, timeout: float = 10.0, key: str = API_KEY) -> dict[str, float]:
     """Poll /metrics until no KV block or encoder reference is held (bounded)."""
     deadline = time.monotonic() + timeout
     while True:
-        m = scrape(url)
+        m = scrape(url, key)
         idle = (
             m["mmserve_kv_blocks_used"] == 0
             and m["mmserve_encoder_cache_references"] == 0

@@ -44,6 +44,24 @@ FLAGS = [
     "--seed",
     "--allowed-local-media-path",
     "--max-queued-requests",
+    "--allowed-media-domains",
+    "--allowed-media-networks",
+    "--media-fetch-timeout",
+    "--max-concurrent-media-fetches",
+    "--public-metrics",
+    "--allowed-hosts",
+    "--allowed-origins",
+    "--shutdown-timeout",
+    "--text-workers",
+    "--media-workers",
+    "--max-request-body-bytes",
+    "--max-json-depth",
+    "--max-chat-messages",
+    "--max-content-parts",
+    "--max-text-bytes",
+    "--max-stop-strings",
+    "--max-stop-string-length",
+    "--max-cache-salt-length",
 ]
 
 
@@ -86,9 +104,22 @@ def test_flags_map_to_engine_arguments(tmp_path: Path) -> None:
             "7",
             "--allowed-local-media-path",
             str(tmp_path),
+            "--allowed-media-domains",
+            "Images.Example.com.",
+            "--allowed-media-networks",
+            "10.1.0.0/16",
+            "--media-fetch-timeout",
+            "7",
+            "--max-concurrent-media-fetches",
+            "3",
         ]
     )
     kwargs = engine_kwargs(args)
+    policy = kwargs.pop("media_policy")
+    assert policy.allowed_local_path == tmp_path.resolve()
+    assert policy.allowed_domains == frozenset({"images.example.com"})
+    assert [str(n) for n in policy.allowed_networks] == ["10.1.0.0/16"]
+    assert (policy.total_timeout_s, policy.max_concurrent_fetches) == (7, 3)
     assert set(kwargs) <= set(inspect.signature(LLMEngine.from_args).parameters)
     assert kwargs == {
         "dtype": "bfloat16",
@@ -105,10 +136,11 @@ def test_flags_map_to_engine_arguments(tmp_path: Path) -> None:
         "encoder_cache_size": 1024,
         "max_num_encoder_input_tokens": 512,
         "limit_mm_per_prompt": {"image": 3},
-        "allowed_local_path": tmp_path.resolve(),
     }
     defaults = engine_kwargs(build_parser().parse_args(["serve"]))
-    assert defaults["allowed_local_path"] is None  # no local files unless asked
+    default_policy = defaults["media_policy"]
+    assert default_policy.allowed_local_path is None  # no local files unless asked
+    assert default_policy.allowed_networks == () and default_policy.allowed_domains is None
     assert defaults["enable_prefix_caching"] is True and defaults["limit_mm_per_prompt"] is None
     assert args.model == "tiny-llava" and args.host == "127.0.0.1" and args.port == 8000
     assert parse_bytes("1GiB") == 1 << 30 and parse_bytes("1048576") == 1 << 20
@@ -129,6 +161,27 @@ def test_bad_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixtu
         build_parser().parse_args(["serve", *argv])
     assert info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--allowed-media-networks", "10.0.0.1/8"], "10.0.0.1/8"),
+        (["--allowed-media-networks", "intranet"], "intranet"),
+        (["--media-fetch-timeout", "0"], "0"),
+        (["--max-concurrent-media-fetches", "0"], "0"),
+    ],
+)
+def test_bad_media_flags_name_the_value(argv: list[str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        engine_kwargs(build_parser().parse_args(["serve", *argv]))
+
+
+def test_bad_limit_flags_name_the_value() -> None:
+    from mmserve.entrypoints.openai.limits import limits_from_args
+
+    with pytest.raises(ValueError, match="max_content_parts"):
+        limits_from_args(build_parser().parse_args(["serve", "--max-content-parts", "0"]))
 
 
 def _free_port() -> int:
@@ -206,7 +259,7 @@ def test_defaults_no_key_and_no_local_files(served: str, tmp_path: Path) -> None
     body = {"model": "tiny-llava", "messages": [{"role": "user", "content": content}]}
     resp = httpx.post(f"{served}/v1/chat/completions", json=body, timeout=30)
     assert resp.status_code == 400
-    assert "not allowed" in resp.json()["error"]["message"]
+    assert resp.json()["error"]["message"] == f"could not fetch image from {tmp_path / 'x.png'}"
 
 
 def test_overload_returns_503_then_recovers(served: str) -> None:

@@ -212,7 +212,7 @@ def test_bad_input_table(server: RunningServer, media: dict[str, Path]) -> None:
         assert ok.json()["choices"][0]["message"]["role"] == "assistant"
         local = http.post(CHAT, json=image_chat(str(media["allowed"] / "ok.png")))
         assert local.status_code == 200, local.text
-        assert http.get("/metrics").status_code == 200
+        assert http.get("/metrics").status_code == 200  # with the key
     # nothing leaked by the failed requests
     snapshot = server.engine.get_metrics()
     assert snapshot["kv_blocks_used"] == 0 and snapshot["encoder_cache_references"] == 0
@@ -228,16 +228,18 @@ def test_bad_input_table(server: RunningServer, media: dict[str, Path]) -> None:
     ],
 )
 def test_api_key_required(server: RunningServer, headers: dict[str, str]) -> None:
-    for method, path in (("POST", CHAT), ("POST", COMPLETIONS), ("GET", "/v1/models")):
+    protected = [("POST", CHAT), ("POST", COMPLETIONS), ("GET", "/v1/models"), ("GET", "/metrics")]
+    for method, path in protected:
         resp = httpx.request(method, f"{server.url}{path}", json=text_chat(), headers=headers)
         err = _assert_openai_error(resp, 401, path)
         assert err["code"] == "invalid_api_key"
     assert httpx.get(f"{server.url}/health").status_code == 200  # no key needed
-    assert httpx.get(f"{server.url}/metrics").status_code == 200
 
 
 def test_unknown_route_and_method(server: RunningServer) -> None:
-    _assert_openai_error(httpx.get(f"{server.url}/v1/nothing"), 404, "route")
+    _assert_openai_error(httpx.get(f"{server.url}/v1/nothing"), 401, "route without key")
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    _assert_openai_error(httpx.get(f"{server.url}/v1/nothing", headers=auth), 404, "route")
     resp = httpx.get(f"{server.url}{CHAT}", headers={"Authorization": f"Bearer {API_KEY}"})
     _assert_openai_error(resp, 405, "method")
 

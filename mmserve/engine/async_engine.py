@@ -10,8 +10,12 @@ Threading contract (the LLMEngine is not thread-safe):
 - Outputs go back to the event loop with ``loop.call_soon_threadsafe`` into a per-request
   stream. Outputs are cumulative, so a stream keeps only the newest one (a slow consumer
   cannot make memory grow) plus a terminal error, if any.
-- Image loading, HF preprocessing and hashing run in a worker thread
-  (``asyncio.to_thread(engine.process_inputs, ...)``), never on the event loop.
+- Admission never runs on the event loop: http(s) images are fetched asynchronously by the
+  ``MediaFetcher`` (its own concurrency limit and deadlines), decoding / hashing / HF
+  preprocessing run in the bounded ``media`` pool and tokenization in the ``text`` pool of
+  ``AdmissionExecutors``; a cancelled request stops its fetches and its queued jobs.
+- ``drain`` (graceful shutdown): new requests get ``EngineShutdownError`` (503) while admitted
+  ones run to completion, up to a deadline; then the loop stops and the rest fail.
 - A consumer that stops early (client disconnect: CancelledError / GeneratorExit) aborts its
   request, which frees its KV blocks and encoder-cache references.
 - A request the engine failed alone (finish reason "error": its input broke a step, or it
@@ -32,10 +36,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mmserve.engine.admission import AdmissionExecutors, gather_or_cancel
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
+from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.processor import ProcessedPrompt
 from mmserve.sampling_params import SamplingParams
 
@@ -113,13 +119,23 @@ class AsyncLLMEngine:
     """Serves one ``LLMEngine`` to asyncio callers; see the module docstring for threading."""
 
     def __init__(
-        self, engine: LLMEngine, *, max_queued_requests: int | None = None, start: bool = True
+        self,
+        engine: LLMEngine,
+        *,
+        max_queued_requests: int | None = None,
+        start: bool = True,
+        executors: AdmissionExecutors | None = None,
+        fetcher: MediaFetcher | None = None,
     ) -> None:
-        """Wrap ``engine``; ``start=False`` leaves starting the loop thread to ``start()``."""
+        """Wrap ``engine``; ``start=False`` leaves starting the loop thread to ``start()``.
+        ``fetcher`` fetches http(s) images (default: the engine's media policy)."""
         if max_queued_requests is not None and max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
         self.engine = engine
         self.max_queued_requests = max_queued_requests
+        self.executors = executors or AdmissionExecutors.sized_for()
+        self.fetcher = fetcher or MediaFetcher(engine.processor.media_policy)
+        self._draining = False
         self.stats = ServerMetrics(self.get_metrics)
         self._cv = threading.Condition()
         self._inbox: deque[_Add | _Abort] = deque()
@@ -156,13 +172,33 @@ class AsyncLLMEngine:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("engine thread did not stop within %.1f s", timeout)
+        self.executors.shutdown()
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests, let admitted ones finish for up to ``timeout`` seconds, then
+        stop the loop (the rest fail with ``EngineShutdownError``). Returns how many were cut."""
+        self._draining = True
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._num_unfinished and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        cut = self._num_unfinished
+        await asyncio.to_thread(self.shutdown)
+        await self.fetcher.aclose()
+        return cut
 
     def check_health(self) -> None:
         """Raise ``EngineShutdownError`` unless the loop thread is up and accepting work."""
         if self._dead is not None:
-            raise EngineShutdownError(f"the engine loop crashed: {self._dead!r}")
+            name = type(self._dead).__name__
+            raise EngineShutdownError(f"the engine is dead after {name} (see the server log)")
+        if self._draining:
+            raise EngineShutdownError("the server is shutting down")
         if self._stopping or self._thread is None or not self._thread.is_alive():
             raise EngineShutdownError("the engine is not running (shutting down)")
+
+    async def run_text(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run short CPU work (chat templates, JSON parsing) in the bounded text pool."""
+        return await self.executors.text(fn, *args)
 
     def get_metrics(self) -> dict[str, float]:
         """The latest snapshot published by the engine thread (a copy)."""
@@ -182,6 +218,7 @@ class AsyncLLMEngine:
         uuids: Sequence[str | None] | None = None,
         params: ParamsLike | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs of one request until it finishes.
 
@@ -205,9 +242,7 @@ class AsyncLLMEngine:
         reason = "error"
         try:
             try:
-                processed = await asyncio.to_thread(
-                    self.engine.process_inputs, prompt, images, uuids
-                )
+                processed = await self._admit(prompt, images, uuids, cache_salt)
                 params = params(len(processed.prompt_token_ids)) if callable(params) else params
             except ValueError:
                 reason = "rejected"
@@ -232,6 +267,29 @@ class AsyncLLMEngine:
             if stream is not None:  # admitted and not finished: free its KV / encoder refs
                 self._submit(_Abort(request_id, stream))
             timer.finish(reason)
+
+    async def _admit(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any],
+        uuids: Sequence[str | None] | None,
+        cache_salt: str | None,
+    ) -> ProcessedPrompt:
+        """Fetch (async), prepare images (media pool), tokenize + expand (text pool)."""
+        processor = self.engine.processor
+        processor.check_num_images(len(images))  # before any fetch or decode
+        sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
+        prepared = await gather_or_cancel(
+            *(self.executors.media(processor.prepare_image, src) for src in sources)
+        )
+        return await self.executors.text(
+            self.engine.process_inputs, prompt, prepared, uuids, cache_salt
+        )
+
+    async def _fetch_if_remote(self, source: Any) -> Any:
+        if isinstance(source, str) and source.startswith(("http://", "https://")):
+            return await self.fetcher.fetch(source)
+        return source  # data: URLs and local files are read in the media pool
 
     def _submit(self, command: _Add | _Abort) -> None:
         with self._cv:

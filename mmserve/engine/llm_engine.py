@@ -25,6 +25,7 @@ from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
+from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor, ProcessedPrompt
 from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
@@ -35,7 +36,15 @@ from mmserve.worker.model_runner import ModelRunner
 class LLMEngine:
     """One model, one scheduler, one runner; not thread-safe (the async engine serializes)."""
 
-    def __init__(self, config: EngineConfig, device: str = "cpu", allowed_local_path=True):
+    def __init__(
+        self,
+        config: EngineConfig,
+        device: str = "cpu",
+        allowed_local_path: Any = True,
+        media_policy: MediaFetchPolicy | None = None,
+    ) -> None:
+        """``media_policy`` says which image URLs / files may be read (default: public URLs,
+        and local files as ``allowed_local_path`` says: True any, a directory below it)."""
         self.config = config
         mc, sc, cc = config.model, config.scheduler, config.cache
         torch.manual_seed(config.seed)
@@ -44,7 +53,11 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         image_processor = load_image_processor(mc.path, mc.processor_kwargs)
         self.processor = InputProcessor(
-            mc, self.tokenizer, image_processor, sc.max_images_per_prompt, allowed_local_path
+            mc,
+            self.tokenizer,
+            image_processor,
+            sc.max_images_per_prompt,
+            media_policy or MediaFetchPolicy(allowed_local_path=allowed_local_path),
         )
         self.model = load_model(mc, self.device)
         self.encoder_budget, _ = compute_encoder_budget(mc, sc)
@@ -116,6 +129,7 @@ class LLMEngine:
         stall_steps: int | None = None,
         device: str = "cpu",
         allowed_local_path: Any = True,
+        media_policy: MediaFetchPolicy | None = None,
     ) -> LLMEngine:
         model_config = build_model_config(model, dtype, max_model_len, processor_kwargs)
         cache = CacheConfig(
@@ -139,7 +153,7 @@ class LLMEngine:
         if limit_mm_per_prompt is not None:
             sched_kwargs["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
         config = EngineConfig(model_config, cache, SchedulerConfig(**sched_kwargs), seed)
-        return cls(config, device=device, allowed_local_path=allowed_local_path)
+        return cls(config, device, allowed_local_path, media_policy)
 
     def _default_stall_steps(self) -> int:
         """Generously more steps than the progress argument in ``Scheduler`` needs before the
@@ -169,9 +183,14 @@ class LLMEngine:
         prompt: str | Sequence[int],
         images: Sequence[Any] = (),
         uuids: Sequence[str | None] | None = None,
+        cache_salt: str | None = None,
     ) -> ProcessedPrompt:
-        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop)."""
-        processed = self.processor.process(prompt, images, uuids)
+        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
+        ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
+        prefix-cache block hashes) to one tenant."""
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        processed = self.processor.process(prompt, images, uuids, cache_salt)
         n = len(processed.prompt_token_ids)
         if n >= self.max_model_len:
             raise ValueError(
@@ -217,10 +236,11 @@ class LLMEngine:
         images: Sequence[Any] = (),
         uuids: Sequence[str | None] | None = None,
         request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> str:
-        processed = self.process_inputs(prompt, images, uuids)
+        processed = self.process_inputs(prompt, images, uuids, cache_salt)
         text = prompt if isinstance(prompt, str) else None
-        return self.add_processed(processed, params, request_id, text)
+        return self.add_processed(processed, params, request_id, text, cache_salt)
 
     def abort_request(self, req_ids: list[str]) -> None:
         self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)

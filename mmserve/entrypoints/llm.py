@@ -65,7 +65,7 @@ class LLM:
             raise ValueError(
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
-        processed = [self.engine.process_inputs(*inp[:3]) for inp in inputs]  # validate all first
+        processed = [self.engine.process_inputs(*inp) for inp in inputs]  # validate all first
         order = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
             text = inp[0] if isinstance(inp[0], str) else None

@@ -23,12 +23,24 @@ def hash_image(image: Image.Image, model_id: str, processor_kwargs: dict[str, An
 
 
 def hash_uuid(
-    uuid: str, model_id: str, processor_kwargs: dict[str, Any], num_embeddings: int
+    uuid: str,
+    model_id: str,
+    processor_kwargs: dict[str, Any],
+    num_embeddings: int,
+    size: tuple[int, int] = (0, 0),
 ) -> str:
     """A caller's stable id used instead of the pixels (still scoped to model and kwargs). The
-    embedding count is mixed in so a reused uuid on a differently sized image cannot alias."""
+    embedding count and the image size are mixed in, so a uuid reused for an image of another
+    size or token count is a different key (a miss), never another image's embeddings."""
     if not isinstance(uuid, str) or not uuid:
         raise ValueError(f"image uuid must be a non-empty string, got {uuid!r}")
     hasher = blake3.blake3(_prefix(model_id, processor_kwargs))
-    hasher.update(f"uuid\0{num_embeddings}\0".encode() + uuid.encode())
+    hasher.update(f"uuid\0{num_embeddings}\0{size[0]}x{size[1]}\0".encode() + uuid.encode())
     return hasher.hexdigest()
+
+
+def salted(mm_hash: str, cache_salt: str | None) -> str:
+    """The item's cache key within one tenant: ``cache_salt`` scopes it (None: shared)."""
+    if cache_salt is None:
+        return mm_hash
+    return blake3.blake3(f"salt\0{cache_salt}\0{mm_hash}".encode()).hexdigest()

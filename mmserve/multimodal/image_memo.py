@@ -14,11 +14,13 @@ DEFAULT_MEMO_BYTES = 256 << 20
 
 @dataclass(frozen=True)
 class PreparedImage:
-    """What admission derives from one image: content hash, processor output, embedding count."""
+    """What admission derives from one image: content hash, processor output, embedding count
+    and the decoded size (width, height)."""
 
     mm_hash: str
     data: Any
     length: int
+    size: tuple[int, int] = (0, 0)
 
 
 def _nbytes(data: Any) -> int:

@@ -12,9 +12,10 @@ from PIL import Image
 
 from mmserve.config import ModelConfig
 from mmserve.core.outputs import MultiModalItem
-from mmserve.multimodal.hashing import hash_image, hash_uuid
+from mmserve.multimodal.hashing import hash_image, hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.media import checked_image, decode_image, read_image_source
+from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
 
 
 @dataclass
@@ -59,13 +60,14 @@ class InputProcessor:
         tokenizer: Any,
         image_processor: Any,
         max_images: int,
-        allowed_local_path: Any = True,
+        media_policy: MediaFetchPolicy,
     ) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.max_images = max_images
-        self.allowed_local_path = allowed_local_path
+        self.media_policy = media_policy
+        self.fetcher = MediaFetcher(media_policy)
         self._image_inputs = IMAGE_INPUTS.get(model_config.architecture)
         self.memo = ProcessedImageMemo()
 
@@ -84,7 +86,10 @@ class InputProcessor:
         prompt: str | Sequence[int],
         images: Sequence[Any] = (),
         uuids: Sequence[str | None] | None = None,
+        cache_salt: str | None = None,
     ) -> ProcessedPrompt:
+        """Token ids with expanded placeholders and one item per image. ``images`` may hold
+        ``PreparedImage``s (from ``prepare_image``, e.g. run in another thread) or sources."""
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
@@ -95,41 +100,46 @@ class InputProcessor:
                 f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"
                 " were given"
             )
-        if len(images) > self.max_images:
-            raise ValueError(
-                f"{len(images)} images exceed the limit of {self.max_images} per prompt"
-                " (limit_mm_per_prompt)"
-            )
+        self.check_num_images(len(images))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
         if not len(images):
             return ProcessedPrompt(ids.tolist(), [])
-        if self._image_inputs is None:
-            raise ValueError(f"model {self.model_config.model!r} does not accept images")
         repeats = np.ones_like(ids)
         items: list[MultiModalItem] = []
         shift = 0
         for i, (place, source) in enumerate(zip(places, images, strict=True)):
-            prepared = self._prepare(source)
-            uuid = uuids[i] if uuids is not None else None
-            mm_hash = prepared.mm_hash
-            if uuid is not None:
-                mm_hash = hash_uuid(
-                    uuid,
-                    self.model_config.model,
-                    self.model_config.processor_kwargs,
-                    prepared.length,
-                )
-            length = prepared.length
-            repeats[place] = length
-            items.append(MultiModalItem(mm_hash, int(place) + shift, length, prepared.data))
-            shift += length - 1
+            prepared = source if isinstance(source, PreparedImage) else self.prepare_image(source)
+            key = self.item_key(prepared, uuids[i] if uuids is not None else None, cache_salt)
+            repeats[place] = prepared.length
+            items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
+            shift += prepared.length - 1
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
 
-    def _prepare(self, source: Any) -> PreparedImage:
+    def check_num_images(self, count: int) -> None:
+        if count and self._image_inputs is None:
+            raise ValueError("this model does not accept images")
+        if count > self.max_images:
+            raise ValueError(
+                f"{count} images exceed the limit of {self.max_images} per prompt"
+                " (limit_mm_per_prompt)"
+            )
+
+    def item_key(self, prepared: PreparedImage, uuid: str | None, cache_salt: str | None) -> str:
+        """The encoder-cache key: content hash, or the caller's uuid bound to the image's size
+        and token count; either scoped by the tenant's ``cache_salt``."""
+        mm_hash = prepared.mm_hash
+        if uuid is not None:
+            mc = self.model_config
+            mm_hash = hash_uuid(uuid, mc.model, mc.processor_kwargs, prepared.length, prepared.size)
+        return salted(mm_hash, cache_salt)
+
+    def prepare_image(self, source: Any) -> PreparedImage:
         """Decode, hash and preprocess one image, or take all three from the memo when these
-        exact bytes (or pixels) were seen before."""
-        raw = read_image_source(source, self.allowed_local_path)
+        exact bytes (or pixels) were seen before. Thread-safe."""
+        if self._image_inputs is None:
+            raise ValueError("this model does not accept images")
+        raw = read_image_source(source, self.fetcher)
         image = checked_image(raw) if isinstance(raw, Image.Image) else None
         mm_hash = self._content_hash(image) if image is not None else None
         key = f"px:{mm_hash}" if image is not None else f"raw:{blake3.blake3(raw).hexdigest()}"
@@ -139,7 +149,7 @@ class InputProcessor:
                 image = decode_image(raw)
                 mm_hash = self._content_hash(image)
             data, length = self._image_inputs(self.image_processor, image, self.model_config)
-            prepared = PreparedImage(mm_hash, data, length)
+            prepared = PreparedImage(mm_hash, data, length, image.size)
             self.memo.put(key, prepared)
         return prepared
 

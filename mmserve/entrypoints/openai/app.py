@@ -1,34 +1,33 @@
 """The FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
 
-Request bodies are parsed here rather than by FastAPI so that the API key is checked first and
-every malformed body (bad JSON, not an object, failed validation) is an OpenAI-shaped 400.
-``/health`` and ``/metrics`` need no API key (like vLLM); everything under ``/v1`` does when
-one is configured.
+Request bodies are parsed by ``http_body`` rather than by FastAPI, after the middlewares have
+checked the Host header and the API key, so every malformed body is an OpenAI-shaped 4xx.
+With an API key, everything but ``/health`` needs it (``/metrics`` too, unless
+``public_metrics``; ``/docs`` and ``/openapi.json`` too). CORS headers only for
+``allowed_origins``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.metrics import ServerMetrics
-from mmserve.entrypoints.openai.errors import (
-    APIError,
-    error_response,
-    install_error_handlers,
-    to_api_error,
-    validation_error,
+from mmserve.entrypoints.openai.errors import error_response, install_error_handlers, to_api_error
+from mmserve.entrypoints.openai.http_body import read_json_body
+from mmserve.entrypoints.openai.limits import RequestLimits
+from mmserve.entrypoints.openai.middleware import (
+    AllowedHostsMiddleware,
+    APIKeyMiddleware,
+    HTTPMetricsMiddleware,
 )
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -38,58 +37,16 @@ from mmserve.entrypoints.openai.protocol import (
 )
 from mmserve.entrypoints.openai.serving import OpenAIServing
 
-MAX_BODY_BYTES = 64 << 20  # a request body above this is refused with 413
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
-M = TypeVar("M", bound=BaseModel)
 
+@dataclass(frozen=True)
+class HTTPPolicy:
+    """Who may call the server and what one request may ask (from the ``serve`` flags)."""
 
-class HTTPMetricsMiddleware:
-    """Counts responses by endpoint and status code (pure ASGI: streaming is untouched)."""
-
-    def __init__(self, app: ASGIApp, stats: ServerMetrics) -> None:
-        self.app = app
-        self.stats = stats
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            path = scope.get("path", "")
-            self.stats.observe_http(path if path in ENDPOINTS else "other", status)
-
-
-async def read_body(raw: Request, model: type[M]) -> M:
-    """Parse and validate a JSON object body; every failure is an APIError (400 / 413)."""
-    declared = raw.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
-    chunks, size = [], 0
-    async for chunk in raw.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    try:
-        data = json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(list(exc.errors(include_url=False))) from None
+    api_key: str | None = None
+    public_metrics: bool = False
+    allowed_hosts: tuple[str, ...] = ()  # empty: any Host header
+    allowed_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 def build_app(
@@ -97,9 +54,10 @@ def build_app(
     *,
     served_model_names: list[str],
     model_aliases: set[str] | None = None,
-    api_key: str | None = None,
+    policy: HTTPPolicy | None = None,
 ) -> FastAPI:
     """The app around a (not yet started) engine; its lifespan starts and stops the loop."""
+    policy = policy or HTTPPolicy()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -111,20 +69,25 @@ def build_app(
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
     app.state.engine = engine
-    serving = OpenAIServing(engine, served_model_names, model_aliases)
+    serving = OpenAIServing(engine, served_model_names, model_aliases, policy.limits)
     app.state.serving = serving
     install_error_handlers(app)
+    if policy.api_key is not None:
+        public = {"/health"} | ({"/metrics"} if policy.public_metrics else set())
+        app.add_middleware(APIKeyMiddleware, api_key=policy.api_key, public_paths=frozenset(public))
+    if policy.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(policy.allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    if policy.allowed_hosts:
+        app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(policy.allowed_hosts))
     app.add_middleware(HTTPMetricsMiddleware, stats=engine.stats)
 
-    async def check_api_key(raw: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = raw.headers.get("authorization", "").partition(" ")
-        ok = scheme.lower() == "bearer" and secrets.compare_digest(
-            token.strip().encode(), api_key.encode()
-        )
-        if not ok:
-            raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
+    async def body(raw: Request, model: Any) -> Any:
+        return await read_json_body(raw, model, policy.limits, engine.run_text)
 
     @app.get("/health")
     async def health() -> Response:
@@ -139,13 +102,12 @@ def build_app(
     async def metrics() -> Response:
         return Response(engine.stats.render(), media_type=CONTENT_TYPE_LATEST)
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    v1 = APIRouter(prefix="/v1")
 
     @v1.get("/models")
     async def models() -> dict[str, Any]:
-        root = str(engine.engine.config.model.path)
         cards = [
-            ModelCard(id=name, root=root, max_model_len=engine.max_model_len)
+            ModelCard(id=name, root=served_model_names[0], max_model_len=engine.max_model_len)
             for name in served_model_names
         ]
         return ModelList(data=cards).model_dump()
@@ -153,14 +115,14 @@ def build_app(
     @v1.post("/chat/completions")
     async def chat_completions(raw: Request) -> Response:
         try:
-            return await serving.chat(raw, await read_body(raw, ChatCompletionRequest))
+            return await serving.chat(raw, await body(raw, ChatCompletionRequest))
         except Exception as exc:  # answered here: the catch-all handler drops the connection
             return error_response(to_api_error(exc))
 
     @v1.post("/completions")
     async def completions(raw: Request) -> Response:
         try:
-            return await serving.completion(raw, await read_body(raw, CompletionRequest))
+            return await serving.completion(raw, await body(raw, CompletionRequest))
         except Exception as exc:
             return error_response(to_api_error(exc))
 

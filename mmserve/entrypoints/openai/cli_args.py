@@ -13,13 +13,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mmserve.entrypoints.openai.limits import add_limit_flags
+
 DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
 /v1/models) plus /health and /metrics (Prometheus), in one process.
 
 Requests without max_tokens / max_completion_tokens generate at most
 min(256, max_model_len - prompt tokens) tokens. Local image files are refused unless
---allowed-local-media-path is given (and then only files below that directory).
+--allowed-local-media-path is given (and then only files below that directory). Image URLs may
+only point at public addresses (loopback, private, link-local and cloud-metadata addresses are
+refused; --allowed-media-networks opts private networks in). SIGTERM drains: in-flight requests
+get --shutdown-timeout seconds while new ones are answered 503.
 """
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -79,17 +84,84 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on /v1 (default: $MMSERVE_API_KEY, else no key)",
     )
     p.add_argument(
+        "--public-metrics",
+        action="store_true",
+        help="serve /metrics without the API key (default: /metrics needs it when one is set)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        default=None,
+        help="Host header values accepted, e.g. api.example.com '*.example.com' (default: any)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        help="browser origins allowed by CORS, e.g. https://app.example.com (default: none,"
+        " no CORS headers)",
+    )
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="answer 503 (with Retry-After) when this many requests already wait"
+        " (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, seconds in-flight requests get to finish (default: %(default)s)",
+    )
+    p.add_argument(
+        "--text-workers",
+        type=int,
+        default=None,
+        help="threads for chat templates, tokenization and large JSON bodies"
+        " (default: min(4, cores))",
+    )
+    p.add_argument(
+        "--media-workers",
+        type=int,
+        default=None,
+        help="threads for image decoding, hashing and preprocessing, run at lower CPU priority"
+        " (default: half the cores, at most 4)",
+    )
+    m = p.add_argument_group("media fetching (image URLs)")
+    m.add_argument(
         "--allowed-local-media-path",
         default=None,
         help="directory image paths / file:// URLs may be read from (default: none,"
         " local files are refused)",
     )
-    p.add_argument(
-        "--max-queued-requests",
-        type=int,
+    m.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
         default=None,
-        help="answer 503 when this many requests already wait (default: no limit)",
+        help="only fetch image URLs of these host names (exact match; default: any public host)",
     )
+    m.add_argument(
+        "--allowed-media-networks",
+        nargs="+",
+        default=None,
+        metavar="CIDR",
+        help="opt-in: also fetch from these non-public networks, e.g. 10.1.2.0/24 (cloud"
+        " metadata addresses stay refused; default: public addresses only)",
+    )
+    m.add_argument(
+        "--media-fetch-timeout",
+        type=float,
+        default=20.0,
+        help="seconds one image fetch may take in all, redirects included (default: %(default)s)",
+    )
+    m.add_argument(
+        "--max-concurrent-media-fetches",
+        type=int,
+        default=16,
+        help="image downloads in flight at once (default: %(default)s)",
+    )
+    add_limit_flags(p)
     e = p.add_argument_group("engine")
     e.add_argument(
         "--dtype",
@@ -180,9 +252,26 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def media_policy(args: argparse.Namespace) -> Any:
+    """The ``MediaFetchPolicy`` of the media flags (ValueError naming a bad value)."""
+    from mmserve.multimodal.media_fetch import MediaFetchPolicy
+
+    media = args.allowed_local_media_path
+    local = Path(media).expanduser().resolve() if media else None
+    if local is not None and not local.is_dir():
+        raise ValueError(f"--allowed-local-media-path {media!r} is not a directory")
+    domains = args.allowed_media_domains
+    return MediaFetchPolicy(
+        allowed_domains=frozenset(d.lower().rstrip(".") for d in domains) if domains else None,
+        allowed_networks=MediaFetchPolicy.parse_networks(args.allowed_media_networks or ()),
+        allowed_local_path=local,
+        total_timeout_s=args.media_fetch_timeout,
+        max_concurrent_fetches=args.max_concurrent_media_fetches,
+    )
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of ``LLMEngine.from_args`` (the model excluded) from parsed flags."""
-    media = args.allowed_local_media_path
     return {
         "dtype": args.dtype,
         "seed": args.seed,
@@ -198,7 +287,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "encoder_cache_size": args.encoder_cache_size,
         "max_num_encoder_input_tokens": args.max_num_encoder_input_tokens,
         "limit_mm_per_prompt": args.limit_mm_per_prompt,
-        "allowed_local_path": Path(media).expanduser().resolve() if media else None,
+        "media_policy": media_policy(args),
     }
 
 

@@ -8,6 +8,7 @@ anything unexpected -> 500 with a generic message (the traceback goes to the log
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,6 +25,11 @@ from mmserve.engine.async_engine import (
 )
 from mmserve.multimodal.media import ImageTooLargeError
 
+
+class ClientGone(Exception):
+    """The client disconnected before its request was read or answered (not a server error)."""
+
+
 logger = logging.getLogger(__name__)
 
 _TYPES = {
@@ -32,6 +38,8 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    499: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable",
 }
@@ -57,16 +65,30 @@ class APIError(Exception):
         self.err_type = err_type or _TYPES.get(status, "invalid_request_error")
 
 
+RETRY_AFTER_S = 1  # what a 503 (overload, shutdown) asks clients to wait
+_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>|\b0x[0-9a-fA-F]{6,}\b")
+
+
+def scrub(message: str) -> str:
+    """A client-facing message without object reprs or heap addresses (defence in depth: the
+    messages raised on purpose carry none)."""
+    return _REPR.sub("<object>", message)
+
+
 def error_body(
     message: str, err_type: str, param: str | None = None, code: str | int | None = None
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+    return {"error": {"message": scrub(message), "type": err_type, "param": param, "code": code}}
 
 
 def error_response(err: APIError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    headers: dict[str, str] = {}
+    if err.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if err.status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
     body = error_body(err.message, err.err_type, err.param, err.code)
-    return JSONResponse(body, status_code=err.status, headers=headers)
+    return JSONResponse(body, status_code=err.status, headers=headers or None)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -118,6 +140,8 @@ def to_api_error(exc: BaseException) -> APIError:
     """Map any exception raised while serving a request to the APIError to answer with."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ClientGone):
+        return APIError(499, "client disconnected", code="client_disconnected")
     if isinstance(exc, ValueError) and _is_too_large(exc):
         return APIError(413, str(exc), code="image_too_large")
     if isinstance(exc, ValidationError):
@@ -129,7 +153,12 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineShutdownError):
         return APIError(503, str(exc), code="engine_unavailable")
     if isinstance(exc, EngineStepError):
-        return APIError(500, str(exc), code="engine_error")
+        logger.warning("a request failed in the engine: %s", exc)
+        return APIError(
+            500,
+            "the engine failed while running this request (see the server log)",
+            code="engine_error",
+        )
     logger.error("unhandled error while serving a request", exc_info=exc)
     return APIError(500, "internal server error", code="internal_error")
 

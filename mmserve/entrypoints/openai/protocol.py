@@ -2,7 +2,8 @@
 
 Requests ignore unknown fields (like OpenAI's SDK extras); fields whose semantics mmserve
 does not implement are rejected with 400 by ``unsupported_fields`` instead of being ignored.
-vLLM extensions accepted: ``top_k`` (-1 or 0 disables), ``ignore_eos``, per-part ``uuid``.
+vLLM extensions accepted: ``top_k`` (-1 or 0 disables), ``ignore_eos``, per-part ``uuid``,
+``cache_salt`` (scopes prefix- and encoder-cache hits to requests with the same salt).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
     max_tokens: int | None = None
     # accepted only at their neutral values (see unsupported_fields)
     presence_penalty: float | None = None

@@ -1,41 +1,64 @@
-"""Launching: the app from parsed ``serve`` flags, uvicorn in the foreground or in a thread."""
+"""Launching: the app from parsed ``serve`` flags, uvicorn in the foreground or in a thread.
+
+Shutdown (``DrainingServer``): the first SIGTERM / SIGINT stops admission (new requests and
+``/health`` answer 503 with ``Retry-After``) while in-flight requests run to completion for up
+to ``--shutdown-timeout`` seconds; the rest then end with an error event and ``data: [DONE]``,
+and the process exits 0. A second signal exits at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from mmserve.engine.admission import AdmissionExecutors
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.llm_engine import LLMEngine
-from mmserve.entrypoints.openai.app import build_app
+from mmserve.entrypoints.openai.app import HTTPPolicy, build_app
 from mmserve.entrypoints.openai.cli_args import engine_kwargs
+from mmserve.entrypoints.openai.limits import limits_from_args
+from mmserve.multimodal.media_fetch import MediaFetcher
 
 logger = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_S = 5  # open streams get this long before uvicorn closes them
+CLOSE_CONNECTIONS_S = 5  # after draining: how long uvicorn waits for sockets to close
 
 
 def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     """Load the model and build the app; the engine loop starts with the app's lifespan."""
-    if args.max_queued_requests is not None and args.max_queued_requests < 0:
-        raise ValueError("--max-queued-requests must be >= 0")
+    if args.max_queued_requests < 0:
+        raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     kwargs = engine_kwargs(args)
-    media = kwargs["allowed_local_path"]
-    if media is not None and not media.is_dir():
-        raise ValueError(f"--allowed-local-media-path {str(media)!r} is not a directory")
+    policy = HTTPPolicy(
+        api_key=args.api_key,
+        public_metrics=args.public_metrics,
+        allowed_hosts=tuple(args.allowed_hosts or ()),
+        allowed_origins=tuple(args.allowed_origins or ()),
+        limits=limits_from_args(args),
+    )
     llm_engine = LLMEngine.from_args(args.model, **kwargs)
-    engine = AsyncLLMEngine(llm_engine, max_queued_requests=args.max_queued_requests, start=False)
+    executors = AdmissionExecutors.sized_for(args.text_workers, args.media_workers)
+    engine = AsyncLLMEngine(
+        llm_engine,
+        max_queued_requests=args.max_queued_requests,
+        start=False,
+        executors=executors,
+        fetcher=MediaFetcher(kwargs["media_policy"]),
+    )
     names = list(args.served_model_name or [args.model])
     aliases = {args.model, str(llm_engine.config.model.path)}
-    return build_app(engine, served_model_names=names, model_aliases=aliases, api_key=args.api_key)
+    return build_app(engine, served_model_names=names, model_aliases=aliases, policy=policy)
 
 
 def _config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
@@ -44,20 +67,57 @@ def _config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=CLOSE_CONNECTIONS_S,
         lifespan="on",
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but a shutdown signal drains the engine before the sockets close."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLMEngine, timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.shutdown_timeout = timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Signal handler (main thread). Not recorded for re-raising: the exit code stays 0."""
+        if self._draining or self._loop is None:
+            self.should_exit = self.force_exit = True
+            return
+        self._draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.get_running_loop().create_task(self.drain())
+
+    async def drain(self) -> None:
+        logger.info(
+            "shutting down: refusing new requests, in-flight ones get up to %.0f s",
+            self.shutdown_timeout,
+        )
+        try:
+            cut = await self.engine.drain(self.shutdown_timeout)
+            if cut:
+                logger.warning("ended %d request(s) still running at --shutdown-timeout", cut)
+            await asyncio.sleep(0.1)  # let the ended streams send their error event and [DONE]
+        finally:
+            self.should_exit = True
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve in the foreground until SIGINT / SIGTERM; returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app = build_app_from_args(args)
-    server = uvicorn.Server(_config(app, args))
-    try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn re-raises SIGINT after its graceful shutdown
-        pass
+    server = DrainingServer(_config(app, args), app.state.engine, args.shutdown_timeout)
+    server.run()
     logger.info("server stopped")
     return 0 if server.started else 1
 
@@ -100,6 +160,6 @@ def serve_in_thread(args: argparse.Namespace, timeout: float = 60.0) -> Iterator
         yield RunningServer(app, args.host, port)
     finally:
         server.should_exit = True
-        thread.join(timeout=GRACEFUL_SHUTDOWN_S + 10)
+        thread.join(timeout=CLOSE_CONNECTIONS_S + 10)
         if thread.is_alive():
             logger.warning("the server thread did not stop in time")

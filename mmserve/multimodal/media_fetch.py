@@ -1,0 +1,393 @@
+"""Media fetching policy against SSRF: which URLs, hosts, addresses and files media may come from.
+
+Every http(s) hop is checked (scheme, userinfo, domain allow-list); its host is resolved once, every
+address must pass :func:`address_refusal`, and the connection goes to that checked address (Host
+header and TLS SNI keep the name), so DNS rebinding cannot slip in a second answer. Clients see one
+uniform message whatever went wrong; the reason goes to the server log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import http.cookiejar
+import ipaddress
+import logging
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from mmserve.multimodal.media import ImageTooLargeError
+
+logger = logging.getLogger(__name__)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure, ECS, AWS time, Alibaba, Oracle, AWS IPv6):
+#: refused always, even inside ``allowed_networks``.
+CLOUD_METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
+    map(ipaddress.ip_address, ("169.254.169.254", "169.254.170.2", "169.254.169.123",
+                               "100.100.100.200", "192.0.0.192", "fd00:ec2::254", "fd00:ec2::23"))
+)  # fmt: skip
+_SHARED_ADDRESS_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_NON_PUBLIC = ("loopback", "unspecified", "link_local", "multicast", "private", "reserved",
+               "site_local")  # fmt: skip
+
+
+class MediaFetchError(ValueError):
+    """A media source could not be loaded; ``str(exc)`` is the client-facing message.
+
+    Invariant: the message never says why a fetch failed (refused address, DNS, connection,
+    status...), so the server is no port scanner; the reason is only logged.
+    """
+
+
+class _Refused(Exception):
+    """Internal: a fetch failed for the logged reason ``str(exc)``."""
+
+
+def _is_http(source: str) -> bool:
+    return source[:8].lower().startswith(("http://", "https://"))
+
+
+def _shown(source: str) -> str:
+    return source if len(source) <= 120 else source[:117] + "..."
+
+
+def _failure(source: str, reason: str | Exception, local: bool = False) -> MediaFetchError:
+    """Log the real reason; return the uniform client-facing error."""
+    if isinstance(reason, Exception) and not isinstance(reason, _Refused):
+        reason = f"{type(reason).__name__}: {reason}"
+    logger.warning("media fetch of %r failed: %s", source[:2000], reason)
+    what = "could not read local image" if local else "could not fetch image from"
+    return MediaFetchError(f"{what} {_shown(source)}")
+
+
+@dataclass(frozen=True)
+class MediaFetchPolicy:
+    """What the server may fetch media from, and within which limits.
+
+    Invariants (``__post_init__``): limits and timeouts are positive; ``allowed_domains`` is None
+    or a frozenset of lowercase names without trailing dot; ``allowed_networks`` is a tuple of
+    networks (CIDR strings are parsed); ``allowed_local_path`` is None, a bool or a Path.
+    """
+
+    allowed_domains: frozenset[str] | None = None
+    allowed_networks: tuple[IPNetwork, ...] = ()
+    allowed_local_path: Path | bool | None = None
+    max_bytes: int = 20 << 20
+    max_data_url_bytes: int = 20 << 20
+    max_redirects: int = 3
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0
+    total_timeout_s: float = 20.0
+    max_concurrent_fetches: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_data_url_bytes", "max_concurrent_fetches", "max_redirects"):
+            value, low = getattr(self, name), 0 if name == "max_redirects" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in ("connect_timeout_s", "read_timeout_s", "total_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        domains = self.allowed_domains
+        if domains is not None:
+            if isinstance(domains, str) or not all(isinstance(d, str) and d for d in domains):
+                raise ValueError(f"allowed_domains must be a set of host names, got {domains!r}")
+            normalized = frozenset(d.strip().lower().removesuffix(".") for d in domains)
+            object.__setattr__(self, "allowed_domains", normalized)
+        networks = tuple(
+            n if isinstance(n, IPNetwork) else self.parse_networks([n])[0]
+            for n in self.allowed_networks
+        )
+        object.__setattr__(self, "allowed_networks", networks)
+        local = self.allowed_local_path
+        if isinstance(local, str):
+            object.__setattr__(self, "allowed_local_path", Path(local))
+        elif not (local is None or isinstance(local, (bool, Path))):
+            raise ValueError(f"allowed_local_path must be None, a bool or a directory: {local!r}")
+
+    @staticmethod
+    def parse_networks(specs: str | Iterable[str]) -> tuple[IPNetwork, ...]:
+        """CIDR strings ("10.0.0.0/8", "fd00::/8", or one comma-separated string) -> networks."""
+        if isinstance(specs, str):
+            specs = specs.replace(",", " ").split()
+        networks = []
+        for spec in specs:
+            try:
+                networks.append(ipaddress.ip_network(str(spec).strip(), strict=True))
+            except ValueError:
+                raise ValueError(f"invalid network in allowed networks: {spec!r}") from None
+        return tuple(networks)
+
+
+def _reached_addresses(ip: IPAddress) -> list[IPAddress]:
+    """The addresses a connection to ``ip`` really reaches (embedded IPv4 unwrapped)."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return [ip]
+    ip = ipaddress.IPv6Address(int(ip))  # drop any %scope so set lookups work
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip in _NAT64:  # the NAT64 gateway translates to the IPv4 inside: only that counts
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    if ip.sixtofour is not None:
+        return [ip, ip.sixtofour]
+    return [ip, ip.teredo[1]] if ip.teredo is not None else [ip]
+
+
+def address_refusal(ip: IPAddress, policy: MediaFetchPolicy) -> str | None:
+    """None if the policy allows connecting to ip, else a reason for the server log."""
+    reached = _reached_addresses(ip)
+    if any(addr in CLOUD_METADATA_ADDRESSES for addr in reached):
+        return f"{ip} is a cloud metadata address"
+    for addr in reached:
+        if any(addr in net for net in policy.allowed_networks):
+            continue
+        kind = next((k for k in _NON_PUBLIC if getattr(addr, f"is_{k}", False)), None)
+        if kind is None and addr in _SHARED_ADDRESS_SPACE:
+            kind = "shared address space"
+        if kind is None and not addr.is_global:
+            kind = "not global"
+        if kind is not None:
+            return f"{ip} is {kind.replace('_', '-')}" + (f" (as {addr})" if addr != ip else "")
+    return None
+
+
+class MediaFetcher:
+    """Loads media (data URLs, http(s) URLs, local files) under a :class:`MediaFetchPolicy`.
+
+    Invariants: a connection is only opened to an address that passed :func:`address_refusal`
+    for the hop's host, resolved exactly once per hop; at most ``max_concurrent_fetches`` fetches
+    run at once on the shared client; every failure is a :class:`MediaFetchError`
+    with a uniform message, except size limits (:class:`ImageTooLargeError`). The shared async
+    client belongs to the first event loop that fetches; :meth:`load_blocking` uses its own.
+    """
+
+    def __init__(
+        self,
+        policy: MediaFetchPolicy,
+        *,
+        resolver: Resolver | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.policy = policy
+        self.resolver: Resolver = resolver or self._system_resolve
+        self._transport = transport
+        self._dns_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="media-dns")
+        self._client: httpx.AsyncClient | None = None
+        self._semaphore = asyncio.Semaphore(policy.max_concurrent_fetches)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    async def load(self, source: str) -> bytes:
+        """The bytes behind a data URL, http(s) URL, file:// URL or plain local path."""
+        if _is_http(source):
+            return await self.fetch(source)
+        return await asyncio.to_thread(self.read_offline, source)
+
+    async def fetch(self, url: str) -> bytes:
+        """GET an http(s) URL under the policy (addresses, redirects, size, time)."""
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise RuntimeError("MediaFetcher is closed")
+        if self._client is None:
+            self._client, self._loop = self._new_client(), loop
+        elif self._loop is not loop:
+            raise RuntimeError("MediaFetcher is bound to another event loop; use load_blocking()")
+        return await self._guarded_fetch(url, self._client, self._semaphore)
+
+    def load_blocking(self, source: str) -> bytes:
+        """Same as :meth:`load` for synchronous callers, with or without a running loop here:
+        data URLs and local files are read right here, fetches get a client of their own."""
+        if not _is_http(source):
+            return self.read_offline(source)
+        if self._closed:
+            raise RuntimeError("MediaFetcher is closed")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._fetch_private(source))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="media-load") as pool:
+            return pool.submit(lambda: asyncio.run(self._fetch_private(source))).result()
+
+    def read_offline(self, source: str) -> bytes:
+        """Blocking: a data URL or an allowed local file (never the network)."""
+        if source[:5].lower() == "data:":
+            return self._data_url_bytes(source)
+        scheme = source.partition("://")[0].lower() if "://" in source else ""
+        if scheme not in ("", "file") or self.policy.allowed_local_path in (None, False):
+            raise _failure(source, f"scheme {scheme!r} or local files not allowed")
+        return self._read_local(source, scheme == "file")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._client is not None:
+            await self._client.aclose()
+        self._dns_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _fetch_private(self, url: str) -> bytes:
+        async with self._new_client() as client:
+            no_slot = contextlib.nullcontext()  # blocking callers are bounded by their threads
+            return await self._guarded_fetch(url, client, no_slot)
+
+    def _new_client(self) -> httpx.AsyncClient:
+        p = self.policy
+        timeout = httpx.Timeout(p.read_timeout_s, connect=p.connect_timeout_s)  # read, write, pool
+        # no keep-alive: pooled connections are keyed by IP, not by the SNI host name
+        limits = httpx.Limits(max_connections=p.max_concurrent_fetches, max_keepalive_connections=0)
+        no_cookies = http.cookiejar.CookieJar(
+            http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+        )
+        # trust_env=False: no proxy or netrc from the environment
+        return httpx.AsyncClient(
+            transport=self._transport, trust_env=False, cookies=no_cookies, timeout=timeout,
+            limits=limits,
+        )  # fmt: skip
+
+    async def _guarded_fetch(self, url: str, client: httpx.AsyncClient, slot: Any) -> bytes:
+        """The whole fetch, slot wait included, under the total deadline; uniform failures."""
+        try:
+            coro = self._fetch_hops(url, client, slot)
+            return await asyncio.wait_for(coro, self.policy.total_timeout_s)
+        except ImageTooLargeError:
+            raise
+        except (asyncio.TimeoutError, TimeoutError):
+            raise _failure(url, f"total timeout of {self.policy.total_timeout_s} s") from None
+        except Exception as exc:  # refusal, DNS, connect, TLS, protocol, bad URL: all look alike
+            raise _failure(url, exc) from None
+
+    async def _fetch_hops(self, url: str, client: httpx.AsyncClient, slot: Any) -> bytes:
+        async with slot:
+            current = httpx.URL(url)
+            for _ in range(self.policy.max_redirects + 1):
+                response = await self._send_checked(current, client)
+                try:
+                    status, location = response.status_code, response.headers.get("location")
+                    if status in _REDIRECTS and location:
+                        current = current.join(location)
+                        continue
+                    if status != 200:
+                        raise _Refused(f"{current} answered HTTP {status}")
+                    return await self._read_body(response, url)
+                finally:
+                    await response.aclose()
+            raise _Refused(f"more than {self.policy.max_redirects} redirects")
+
+    async def _send_checked(self, url: httpx.URL, client: httpx.AsyncClient) -> httpx.Response:
+        """Check one hop, then send it to the checked address with the original Host and SNI."""
+        if url.scheme not in ("http", "https") or url.userinfo or not url.raw_host:
+            raise _Refused(f"scheme, userinfo or host of {url} not allowed")
+        host = url.raw_host.decode("ascii")
+        domains = self.policy.allowed_domains
+        names = {h.lower().removesuffix(".") for h in (host, url.host)}
+        if domains is not None and not names & domains:
+            raise _Refused(f"host {host!r} not in allowed domains")
+        try:
+            addresses = [ipaddress.ip_address(url.host)]
+        except ValueError:
+            port = url.port or (443 if url.scheme == "https" else 80)
+            answers = await self.resolver(host, port)
+            addresses = list(dict.fromkeys(ipaddress.ip_address(a) for a in answers))
+        if not addresses:
+            raise _Refused(f"no address for {host!r}")
+        for ip in addresses:
+            if (reason := address_refusal(ip, self.policy)) is not None:
+                raise _Refused(f"address of {host!r} refused: {reason}")
+        headers = {"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"}
+        extensions = {"sni_hostname": host} if url.scheme == "https" else {}
+        for i, ip in enumerate(addresses, 1):  # on ConnectError: the next checked address
+            target = url.copy_with(host=str(getattr(ip, "ipv4_mapped", None) or ip))
+            request = client.build_request("GET", target, headers=headers, extensions=extensions)
+            try:
+                return await client.send(request, stream=True)
+            except httpx.ConnectError:
+                if i == len(addresses):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _read_body(self, response: httpx.Response, url: str) -> bytes:
+        limit = self.policy.max_bytes
+        too_large = ImageTooLargeError(f"image at {_shown(url)} exceeds {limit} bytes")
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # no decompression bombs: raw bytes only
+            raise _Refused(f"unrequested Content-Encoding {encoding!r}")
+        length = response.headers.get("content-length", "").strip()
+        if length.isdigit() and int(length) > limit:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():  # identity only, checked above
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _system_resolve(self, host: str, port: int) -> list[str]:
+        """getaddrinfo on the fetcher's own small thread pool, not asyncio's default one."""
+        infos = await asyncio.get_running_loop().run_in_executor(
+            self._dns_pool, lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )
+        return [str(info[4][0]) for info in infos]
+
+    def _data_url_bytes(self, url: str) -> bytes:
+        limit = self.policy.max_data_url_bytes
+        header, sep, payload = url.partition(",")
+        if not sep or not header.lower().endswith(";base64"):
+            raise MediaFetchError("image data URL must look like data:<mime>;base64,<data>")
+        if len(payload) > 4 * -(-limit // 3):  # before decoding anything
+            raise ImageTooLargeError(f"image data URL exceeds {limit} bytes")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise MediaFetchError("invalid base64 in image data URL") from None
+        if len(data) > limit:
+            raise ImageTooLargeError(f"image data URL exceeds {limit} bytes")
+        return data
+
+    def _read_local(self, source: str, is_url: bool) -> bytes:
+        """Blocking: a local file allowed by the policy; one message for every failure."""
+        allowed, limit = self.policy.allowed_local_path, self.policy.max_bytes
+        too_large = ImageTooLargeError(f"image at {_shown(source)} exceeds {limit} bytes")
+        try:
+            if is_url:
+                parts = urlsplit(source)
+                if parts.netloc not in ("", "localhost"):
+                    raise _Refused(f"file URL with host {parts.netloc!r}")
+                path = Path(unquote(parts.path))
+            else:
+                path = Path(source).expanduser()
+            resolved = path.resolve()  # symlinks resolved before the directory check
+            if isinstance(allowed, Path) and not resolved.is_relative_to(allowed.resolve()):
+                raise _Refused("outside the allowed media directory")
+            # O_NONBLOCK: a FIFO cannot hang us; O_NOFOLLOW: no symlink swapped in since
+            fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
+                info = os.fstat(f.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise _Refused("not a regular file")
+                if info.st_size > limit:
+                    raise too_large
+                data = f.read(limit + 1)
+        except ImageTooLargeError:
+            raise
+        except (_Refused, OSError, ValueError, RuntimeError) as exc:
+            raise _failure(source, exc, local=True) from None
+        if len(data) > limit:
+            raise too_large
+        return data
