@@ -118,6 +118,8 @@ LIMIT_CASES = [
     ("stop length", text_chat(stop=["x" * 33]), "--max-stop-string-length"),
     ("cache_salt length", text_chat(cache_salt="s" * 257), "--max-cache-salt-length"),
     ("json depth", text_chat(extra_field=nested(20)), "--max-json-depth"),
+    ("json values", text_chat(extra_field=[0] * 300_000), "--max-json-values"),
+    ("many parts, large body", parts_chat(40_000), "--max-content-parts"),
 ]
 
 

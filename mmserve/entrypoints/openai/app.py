@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.entrypoints.openai.errors import error_response, install_error_handlers, to_api_error
 from mmserve.entrypoints.openai.http_body import read_json_body
+from mmserve.entrypoints.openai.json_guard import JSONGuard
 from mmserve.entrypoints.openai.limits import RequestLimits
 from mmserve.entrypoints.openai.middleware import (
     AllowedHostsMiddleware,
@@ -58,18 +59,21 @@ def build_app(
 ) -> FastAPI:
     """The app around a (not yet started) engine; its lifespan starts and stops the loop."""
     policy = policy or HTTPPolicy()
+    guard = JSONGuard(policy.limits)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        guard.start()
         try:
             yield
         finally:
+            guard.shutdown()
             await asyncio.to_thread(engine.shutdown)
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
     app.state.engine = engine
-    serving = OpenAIServing(engine, served_model_names, model_aliases, policy.limits)
+    serving = OpenAIServing(engine, served_model_names, model_aliases)
     app.state.serving = serving
     install_error_handlers(app)
     if policy.api_key is not None:
@@ -87,7 +91,7 @@ def build_app(
     app.add_middleware(HTTPMetricsMiddleware, stats=engine.stats)
 
     async def body(raw: Request, model: Any) -> Any:
-        return await read_json_body(raw, model, policy.limits, engine.run_text)
+        return await read_json_body(raw, model, policy.limits, guard, engine.run_text)
 
     @app.get("/health")
     async def health() -> Response:

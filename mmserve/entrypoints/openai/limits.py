@@ -12,6 +12,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
+class LimitExceeded(ValueError):
+    """A request exceeds a ``RequestLimits`` limit (HTTP 400 naming the limit and its flag)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = "limit_exceeded"
+
+
 def _limit(default: int, help_text: str) -> Any:
     return field(default=default, metadata={"help": help_text})
 
@@ -22,6 +31,7 @@ class RequestLimits:
 
     max_request_body_bytes: int = _limit(64 << 20, "largest request body in bytes (413 above)")
     max_json_depth: int = _limit(32, "deepest nesting of JSON arrays/objects in a body")
+    max_json_values: int = _limit(1 << 18, "most JSON values (objects, arrays, scalars) in a body")
     max_chat_messages: int = _limit(1024, "most messages in one chat request")
     max_content_parts: int = _limit(1024, "most content parts over all messages of a request")
     max_text_bytes: int = _limit(1 << 20, "most UTF-8 bytes of text over all messages / prompt")
@@ -40,24 +50,13 @@ class RequestLimits:
         return "--" + name.replace("_", "-")
 
     def check(self, name: str, got: int, param: str | None = None) -> None:
-        """Raise a 400 naming the limit and its flag when ``got`` exceeds it."""
+        """Raise ``LimitExceeded`` naming the limit and its flag when ``got`` exceeds it."""
         limit = getattr(self, name)
         if got > limit:
-            from mmserve.entrypoints.openai.errors import APIError  # keeps `--help` torch-free
-
             what = name.removeprefix("max_").replace("_", " ")
-            raise APIError(
-                400,
-                f"{what}: {got} exceeds this server's limit of {limit} ({self.flag(name)})",
-                param=param,
-                code="limit_exceeded",
+            raise LimitExceeded(
+                f"{what}: {got} exceeds this server's limit of {limit} ({self.flag(name)})", param
             )
-
-    def check_stops(self, stop: str | list[str] | None) -> None:
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        self.check("max_stop_strings", len(stops), "stop")
-        longest = max((len(s) for s in stops), default=0)
-        self.check("max_stop_string_length", longest, "stop")
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:

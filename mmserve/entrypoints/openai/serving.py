@@ -25,11 +25,9 @@ from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
 from mmserve.entrypoints.openai.errors import APIError, error_body, to_api_error
-from mmserve.entrypoints.openai.limits import RequestLimits
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    TextPart,
     Usage,
     make_usage,
     unsupported_fields,
@@ -76,18 +74,15 @@ class OpenAIServing:
         engine: AsyncLLMEngine,
         served_model_names: list[str],
         model_aliases: set[str] | None = None,
-        limits: RequestLimits | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = served_model_names[0]
         self.accepted_names = set(served_model_names) | (model_aliases or set())
-        self.limits = limits or RequestLimits()
 
     # ---- endpoints -----------------------------------------------------------------------
     async def chat(self, raw: Request, req: ChatCompletionRequest) -> Any:
         """/v1/chat/completions: messages -> chat template + images -> JSON or SSE."""
         self.check_model(req.model)
-        self.check_chat_limits(req)
         factory = self.sampling_factory(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         conv, images, uuids = parse_chat_messages(messages)
@@ -107,9 +102,7 @@ class OpenAIServing:
             if len(prompt) != 1:
                 raise APIError(400, "only one prompt per request is supported", param="prompt")
             prompt = prompt[0]
-        if isinstance(prompt, str):
-            self.limits.check("max_text_bytes", len(prompt.encode("utf-8")), "prompt")
-        elif len(prompt) >= self.engine.max_model_len:
+        if not isinstance(prompt, str) and len(prompt) >= self.engine.max_model_len:
             raise APIError(
                 400,
                 f"prompt has {len(prompt)} tokens, the model's max length is"
@@ -130,27 +123,8 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    def check_chat_limits(self, req: ChatCompletionRequest) -> None:
-        """Count messages, parts and text bytes before any template, fetch or decode."""
-        limits = self.limits
-        limits.check("max_chat_messages", len(req.messages), "messages")
-        parts = text_bytes = 0
-        for msg in req.messages:
-            if isinstance(msg.content, str):
-                text_bytes += len(msg.content.encode("utf-8"))
-            elif msg.content is not None:
-                parts += len(msg.content)
-                for part in msg.content:
-                    if isinstance(part, TextPart):
-                        text_bytes += len(part.text.encode("utf-8"))
-        limits.check("max_content_parts", parts, "messages")
-        limits.check("max_text_bytes", text_bytes, "messages")
-
     def sampling_factory(self, req: AnyRequest) -> Callable[[int], SamplingParams]:
         """Validate the sampling fields now; size max_tokens once the prompt length is known."""
-        self.limits.check_stops(req.stop)
-        if req.cache_salt is not None:
-            self.limits.check("max_cache_salt_length", len(req.cache_salt), "cache_salt")
         if req.n != 1:
             raise APIError(400, f"only n=1 is supported, got n={req.n}", param="n")
         bad = unsupported_fields(req)
