@@ -30,7 +30,8 @@ class AdmissionExecutors:
     """Two bounded thread pools for the CPU work of admission.
 
     - ``text``: JSON parsing of large bodies, chat templates, tokenization (short jobs);
-    - ``media``: image decoding, hashing and preprocessing (long jobs, lower CPU priority).
+    - ``media``: image decoding, hashing and preprocessing (long jobs, lower CPU priority),
+      when no ``MediaWorkers`` processes do it (offline use, ``--media-workers 0``).
 
     Invariants: at most ``text_workers + media_workers`` threads ever run admission work, so a
     burst of large requests queues instead of multiplying threads; text-only requests never

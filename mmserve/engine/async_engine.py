@@ -41,7 +41,9 @@ from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
+from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media_fetch import MediaFetcher
+from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import ProcessedPrompt
 from mmserve.sampling_params import SamplingParams
 
@@ -126,15 +128,18 @@ class AsyncLLMEngine:
         start: bool = True,
         executors: AdmissionExecutors | None = None,
         fetcher: MediaFetcher | None = None,
+        media_workers: MediaWorkers | None = None,
     ) -> None:
         """Wrap ``engine``; ``start=False`` leaves starting the loop thread to ``start()``.
-        ``fetcher`` fetches http(s) images (default: the engine's media policy)."""
+        ``fetcher`` fetches http(s) images (default: the engine's media policy);
+        ``media_workers`` prepares images in worker processes (default: the media threads)."""
         if max_queued_requests is not None and max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.executors = executors or AdmissionExecutors.sized_for()
         self.fetcher = fetcher or MediaFetcher(engine.processor.media_policy)
+        self.media_workers = media_workers
         self._draining = False
         self.stats = ServerMetrics(self.get_metrics)
         self._cv = threading.Condition()
@@ -162,6 +167,8 @@ class AsyncLLMEngine:
             return
         self._thread = threading.Thread(target=self._run, name="mmserve-engine", daemon=True)
         self._thread.start()
+        if self.media_workers is not None:
+            self.media_workers.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the loop; in-flight and queued requests fail with ``EngineShutdownError``."""
@@ -173,6 +180,8 @@ class AsyncLLMEngine:
             if self._thread.is_alive():
                 logger.warning("engine thread did not stop within %.1f s", timeout)
         self.executors.shutdown()
+        if self.media_workers is not None:
+            self.media_workers.shutdown()
 
     async def drain(self, timeout: float) -> int:
         """Refuse new requests, let admitted ones finish for up to ``timeout`` seconds, then
@@ -279,12 +288,15 @@ class AsyncLLMEngine:
         processor = self.engine.processor
         processor.check_num_images(len(images))  # before any fetch or decode
         sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
-        prepared = await gather_or_cancel(
-            *(self.executors.media(processor.prepare_image, src) for src in sources)
-        )
+        prepared = await gather_or_cancel(*(self._prepare_image(src) for src in sources))
         return await self.executors.text(
             self.engine.process_inputs, prompt, prepared, uuids, cache_salt
         )
+
+    async def _prepare_image(self, source: Any) -> PreparedImage:
+        if self.media_workers is not None:
+            return await self.media_workers.prepare(source)
+        return await self.executors.media(self.engine.processor.prepare_image, source)
 
     async def _fetch_if_remote(self, source: Any) -> Any:
         if isinstance(source, str) and source.startswith(("http://", "https://")):

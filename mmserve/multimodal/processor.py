@@ -12,40 +12,17 @@ from PIL import Image
 
 from mmserve.config import ModelConfig
 from mmserve.core.outputs import MultiModalItem
-from mmserve.multimodal.hashing import hash_image, hash_uuid, salted
+from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
-from mmserve.multimodal.media import checked_image, decode_image, read_image_source
-from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
+from mmserve.multimodal.image_prep import ImagePreparer
+from mmserve.multimodal.media import checked_image
+from mmserve.multimodal.media_fetch import MediaFetchPolicy
 
 
 @dataclass
 class ProcessedPrompt:
     prompt_token_ids: list[int]
     mm_items: list[MultiModalItem]
-
-
-def _llava_image_inputs(
-    image_processor: Any, image: Image.Image, model_config: ModelConfig
-) -> tuple[Any, int]:
-    pixel_values = image_processor(images=image, return_tensors="np")["pixel_values"][0]
-    return pixel_values, model_config.max_tokens_per_image
-
-
-def _qwen2_vl_image_inputs(
-    image_processor: Any, image: Image.Image, model_config: ModelConfig
-) -> tuple[dict[str, Any], int]:
-    """Dynamic resolution: flat patches + (t, h, w) patch grid; one embedding (and one
-    ``<|image_pad|>``) per merge_size x merge_size block of patches."""
-    out = image_processor(images=image, return_tensors="np")
-    grid = tuple(int(x) for x in out["image_grid_thw"][0])
-    length = grid[0] * grid[1] * grid[2] // image_processor.merge_size**2
-    return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}, length
-
-
-IMAGE_INPUTS = {
-    "LlavaForConditionalGeneration": _llava_image_inputs,
-    "Qwen2VLForConditionalGeneration": _qwen2_vl_image_inputs,
-}
 
 
 class InputProcessor:
@@ -64,12 +41,13 @@ class InputProcessor:
     ) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
-        self.image_processor = image_processor
         self.max_images = max_images
-        self.media_policy = media_policy
-        self.fetcher = MediaFetcher(media_policy)
-        self._image_inputs = IMAGE_INPUTS.get(model_config.architecture)
+        self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.memo = ProcessedImageMemo()
+
+    @property
+    def media_policy(self) -> MediaFetchPolicy:
+        return self.preparer.media_policy
 
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -117,7 +95,7 @@ class InputProcessor:
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
 
     def check_num_images(self, count: int) -> None:
-        if count and self._image_inputs is None:
+        if count and not self.preparer.accepts_images:
             raise ValueError("this model does not accept images")
         if count > self.max_images:
             raise ValueError(
@@ -137,21 +115,22 @@ class InputProcessor:
     def prepare_image(self, source: Any) -> PreparedImage:
         """Decode, hash and preprocess one image, or take all three from the memo when these
         exact bytes (or pixels) were seen before. Thread-safe."""
-        if self._image_inputs is None:
+        if not self.preparer.accepts_images:
             raise ValueError("this model does not accept images")
-        raw = read_image_source(source, self.fetcher)
-        image = checked_image(raw) if isinstance(raw, Image.Image) else None
-        mm_hash = self._content_hash(image) if image is not None else None
-        key = f"px:{mm_hash}" if image is not None else f"raw:{blake3.blake3(raw).hexdigest()}"
+        raw = self.preparer.read(source)
+        if isinstance(raw, Image.Image):
+            key = f"px:{self.preparer.content_hash(checked_image(raw))}"
+        else:
+            key = memo_key(raw)
         prepared = self.memo.get(key)
         if prepared is None:
-            if image is None:
-                image = decode_image(raw)
-                mm_hash = self._content_hash(image)
-            data, length = self._image_inputs(self.image_processor, image, self.model_config)
-            prepared = PreparedImage(mm_hash, data, length, image.size)
+            prepared = self.preparer.prepare(raw)
             self.memo.put(key, prepared)
         return prepared
 
-    def _content_hash(self, image: Image.Image) -> str:
-        return hash_image(image, self.model_config.model, self.model_config.processor_kwargs)
+
+def memo_key(raw: bytes | str) -> str:
+    """The memo key of encoded image bytes (or of a data URL, before decoding it)."""
+    if isinstance(raw, str):
+        return f"url:{blake3.blake3(raw.encode()).hexdigest()}"
+    return f"raw:{blake3.blake3(raw).hexdigest()}"

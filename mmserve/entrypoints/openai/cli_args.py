@@ -125,8 +125,9 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--media-workers",
         type=int,
         default=None,
-        help="threads for image decoding, hashing and preprocessing, run at lower CPU priority"
-        " (default: half the cores, at most 4)",
+        help="worker processes that decode, hash and preprocess images (niced, off the server's"
+        " GIL); 0 runs them in threads of the server process (default: half the cores, at"
+        " least 1, at most 4)",
     )
     m = p.add_argument_group("media fetching (image URLs)")
     m.add_argument(

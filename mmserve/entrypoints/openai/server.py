@@ -29,6 +29,7 @@ from mmserve.entrypoints.openai.app import HTTPPolicy, build_app
 from mmserve.entrypoints.openai.cli_args import engine_kwargs
 from mmserve.entrypoints.openai.limits import limits_from_args
 from mmserve.multimodal.media_fetch import MediaFetcher
+from mmserve.multimodal.media_workers import MediaWorkers
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,17 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
         limits=limits_from_args(args),
     )
     llm_engine = LLMEngine.from_args(args.model, **kwargs)
-    executors = AdmissionExecutors.sized_for(args.text_workers, args.media_workers)
+    executors = AdmissionExecutors.sized_for(args.text_workers)
+    processes = executors.media_workers if args.media_workers is None else args.media_workers
+    if processes < 0:
+        raise ValueError(f"--media-workers must be >= 0, got {processes}")
     engine = AsyncLLMEngine(
         llm_engine,
         max_queued_requests=args.max_queued_requests,
         start=False,
         executors=executors,
         fetcher=MediaFetcher(kwargs["media_policy"]),
+        media_workers=MediaWorkers(llm_engine.processor, processes) if processes else None,
     )
     names = list(args.served_model_name or [args.model])
     aliases = {args.model, str(llm_engine.config.model.path)}

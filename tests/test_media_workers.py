@@ -1,0 +1,71 @@
+"""MediaWorkers: images prepared in worker processes equal the in-process preparation, are
+memoized in the server process, and a dead worker fails one image, not the next."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from mmserve.engine.llm_engine import LLMEngine
+from mmserve.multimodal.media_workers import MediaWorkers
+from tests.conftest import make_image
+
+
+def jpeg_bytes(seed: int) -> bytes:
+    buf = io.BytesIO()
+    make_image(seed, (320, 200)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("model", ["tiny-llava", "tiny-qwen2-vl"])
+def test_worker_output_equals_in_process_and_is_memoized(model: str) -> None:
+    engine = LLMEngine.from_args(model)
+    workers = MediaWorkers(engine.processor, 1)
+    raw = jpeg_bytes(1)
+    url = "data:image/jpeg;base64," + base64.b64encode(jpeg_bytes(2)).decode()
+
+    async def run() -> None:
+        for source in (raw, url):
+            got = await workers.prepare(source)
+            want = engine.processor.preparer.prepare(source)
+            assert (got.mm_hash, got.length, got.size) == (want.mm_hash, want.length, want.size)
+            got_arrays = got.data.values() if isinstance(got.data, dict) else [got.data]
+            want_arrays = want.data.values() if isinstance(want.data, dict) else [want.data]
+            for a, b in zip(got_arrays, want_arrays, strict=True):
+                assert np.array_equal(np.asarray(a), np.asarray(b))
+        hits = engine.processor.memo.hits
+        await workers.prepare(raw)
+        assert engine.processor.memo.hits == hits + 1
+        with pytest.raises(ValueError, match="could not decode"):
+            await workers.prepare(b"not an image")
+
+    try:
+        asyncio.run(run())
+    finally:
+        workers.shutdown()
+
+
+def test_a_dead_worker_fails_one_image_and_the_pool_recovers() -> None:
+    engine = LLMEngine.from_args("tiny-llava")
+    workers = MediaWorkers(engine.processor, 1)
+
+    async def run() -> None:
+        await workers.prepare(jpeg_bytes(3))
+        assert workers._pool is not None
+        for pid in list(workers._pool._processes):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="worker process died"):
+            await workers.prepare(jpeg_bytes(4))
+        prepared = await workers.prepare(jpeg_bytes(5))
+        assert prepared.length > 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        workers.shutdown()
