@@ -288,6 +288,7 @@ def test_overload_returns_503_then_recovers(served: str) -> None:
         resp = httpx.post(url, json={**body, "stream": False, "max_tokens": 4}, timeout=30)
         assert resp.status_code == 503, resp.text
         assert resp.json()["error"]["code"] == "overloaded"
+        assert resp.headers["retry-after"] == "1"
     waiter.join(timeout=30)  # the first stream closed: the second runs, reads, disconnects
     assert b_status == [200]
     _poll(served, "mmserve_kv_blocks_used", 0)

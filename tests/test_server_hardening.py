@@ -426,3 +426,25 @@ def test_uuid_is_scoped_by_salt_and_checked_against_size(
     assert encoded(with_uuid(first, "photo-2", "t1"))[1] == 1
     truth = encoded(with_uuid(same_size, None, "t2"))[0]
     assert encoded(with_uuid(same_size, "photo-2", "t2")) == (truth, 1)  # another tenant: a miss
+
+
+def test_hostile_large_bodies_are_never_parsed_in_the_server_process(
+    http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mmserve.entrypoints.openai import http_body
+
+    parsed: list[int] = []
+    real = http_body.parse_and_screen
+
+    def spy(body: bytes, limits: Any) -> Any:
+        parsed.append(len(body))
+        return real(body, limits)
+
+    monkeypatch.setattr(http_body, "parse_and_screen", spy)
+    hostile = parts_chat(40_000)  # ~1.2 MB: screened (and refused) by the helper process
+    err = error_of(http.post(CHAT, json=hostile), 400)
+    assert "--max-content-parts" in err["message"]
+    assert parsed == []
+    ok = http.post(CHAT, json=text_chat(pad="x" * 300_000))  # large but acceptable
+    assert ok.status_code == 200, ok.text
+    assert len(parsed) == 1 and parsed[0] > 300_000  # parsed here only after screening
