@@ -255,8 +255,8 @@ def _memo_returning(llm, image, data):
     encoder can recognise it by identity)."""
     real = llm.engine.processor.prepare_image
 
-    def prepare(source):
-        prepared = real(source)
+    def prepare(source, cache_salt=None):
+        prepared = real(source, cache_salt)
         if source is image:
             return type(prepared)(prepared.mm_hash, data, prepared.length, prepared.size)
         return prepared

@@ -1,5 +1,6 @@
 """MediaWorkers: images prepared in worker processes equal the in-process preparation, are
-memoized in the server process, and a dead worker fails one image, not the next."""
+memoized in the server process per tenant (``Admission``), and a dead worker fails one image,
+not the next."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import signal
 import numpy as np
 import pytest
 
+from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 from tests.conftest import make_image
 
@@ -27,12 +30,14 @@ def jpeg_bytes(seed: int) -> bytes:
 def test_worker_output_equals_in_process_and_is_memoized(model: str) -> None:
     engine = LLMEngine.from_args(model)
     workers = MediaWorkers(engine.processor, 1)
+    fetcher = MediaFetcher(engine.processor.media_policy)
+    admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, workers)
     raw = jpeg_bytes(1)
     url = "data:image/jpeg;base64," + base64.b64encode(jpeg_bytes(2)).decode()
 
     async def run() -> None:
         for source in (raw, url):
-            got = await workers.prepare(source)
+            got = await admission.prepare_image(source, None)
             want = engine.processor.preparer.prepare(source)
             assert (got.mm_hash, got.length, got.size) == (want.mm_hash, want.length, want.size)
             got_arrays = got.data.values() if isinstance(got.data, dict) else [got.data]
@@ -40,15 +45,19 @@ def test_worker_output_equals_in_process_and_is_memoized(model: str) -> None:
             for a, b in zip(got_arrays, want_arrays, strict=True):
                 assert np.array_equal(np.asarray(a), np.asarray(b))
         hits = engine.processor.memo.hits
-        await workers.prepare(raw)
+        await admission.prepare_image(raw, None)
         assert engine.processor.memo.hits == hits + 1
+        await admission.prepare_image(raw, "other-tenant")  # the memo is per tenant
+        assert engine.processor.memo.hits == hits + 1
+        await admission.prepare_image(raw, "other-tenant")
+        assert engine.processor.memo.hits == hits + 2
         with pytest.raises(ValueError, match="could not decode"):
-            await workers.prepare(b"not an image")
+            await workers.run(b"not an image")
 
     try:
         asyncio.run(run())
     finally:
-        workers.shutdown()
+        admission.shutdown()
 
 
 def test_a_dead_worker_fails_one_image_and_the_pool_recovers() -> None:
@@ -56,13 +65,13 @@ def test_a_dead_worker_fails_one_image_and_the_pool_recovers() -> None:
     workers = MediaWorkers(engine.processor, 1)
 
     async def run() -> None:
-        await workers.prepare(jpeg_bytes(3))
+        await workers.run(jpeg_bytes(3))
         assert workers._pool is not None
         for pid in list(workers._pool._processes):
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(RuntimeError, match="worker process died"):
-            await workers.prepare(jpeg_bytes(4))
-        prepared = await workers.prepare(jpeg_bytes(5))
+            await workers.run(jpeg_bytes(4))
+        prepared = await workers.run(jpeg_bytes(5))
         assert prepared.length > 0
 
     try:

@@ -61,7 +61,7 @@ FLAGS = [
     "--max-text-bytes",
     "--max-stop-strings",
     "--max-stop-string-length",
-    "--max-cache-salt-length",
+    "--max-id-length",
 ]
 
 

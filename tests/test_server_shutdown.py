@@ -76,7 +76,8 @@ def test_sigterm_drains_then_exits_zero() -> None:
         refused = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"}, timeout=10)
         assert refused.status_code == 503, refused.text
         assert refused.headers["retry-after"] == "1"
-        assert httpx.get(f"{url}/health", timeout=10).status_code == 503
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert health.status_code == 503 and health.headers["retry-after"] == "1"
         for t in threads:
             t.join(timeout=60)
         code = proc.wait(timeout=30)

@@ -1,4 +1,5 @@
-"""Bounded executors for admission work, so none of it runs on the server's event loop."""
+"""Admission in the server: bounded executors and the ``Admission`` pipeline, so no
+request's CPU work runs on the event loop."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from mmserve.multimodal.image_memo import PreparedImage
+from mmserve.multimodal.media_fetch import MediaFetcher, is_http_url
+from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.processor import ProcessedPrompt, memo_key
+
+if TYPE_CHECKING:
+    from mmserve.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -99,3 +108,65 @@ async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
     if errors:
         raise errors[0]
     return [task.result() for task in tasks]
+
+
+class Admission:
+    """Prompt + image sources -> ``ProcessedPrompt``, none of it on the event loop.
+
+    Invariants: http(s) sources (any letter case) are fetched by the async ``MediaFetcher``
+    (its own concurrency limit and deadline); every other source is read, decoded and
+    preprocessed by the media worker processes or the media pool, never by asyncio's default
+    executor; the image memo key includes the tenant's ``cache_salt``, so a memo hit's timing
+    says nothing across tenants; the first failure cancels the request's other fetches and jobs.
+    """
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        executors: AdmissionExecutors,
+        fetcher: MediaFetcher,
+        media_workers: MediaWorkers | None = None,
+    ) -> None:
+        self.engine = engine
+        self.executors = executors
+        self.fetcher = fetcher
+        self.media_workers = media_workers
+
+    async def admit(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any],
+        uuids: Sequence[str | None] | None,
+        cache_salt: str | None,
+    ) -> ProcessedPrompt:
+        self.engine.processor.check_num_images(len(images))  # before any fetch or decode
+        sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
+        prepared = await gather_or_cancel(*(self.prepare_image(src, cache_salt) for src in sources))
+        return await self.executors.text(
+            self.engine.process_inputs, prompt, prepared, uuids, cache_salt
+        )
+
+    async def prepare_image(self, source: Any, cache_salt: str | None) -> PreparedImage:
+        processor = self.engine.processor
+        if self.media_workers is None or not isinstance(source, (bytes, str)):
+            return await self.executors.media(processor.prepare_image, source, cache_salt)
+        key = None
+        if isinstance(source, bytes) or source[:5].lower() == "data:":  # not a path: may change
+            key = await self.executors.text(memo_key, source, cache_salt)
+            hit = processor.memo.get(key)
+            if hit is not None:
+                return hit
+        prepared = await self.media_workers.run(source)
+        if key is not None:
+            processor.memo.put(key, prepared)
+        return prepared
+
+    async def _fetch_if_remote(self, source: Any) -> Any:
+        if isinstance(source, str) and is_http_url(source):
+            return await self.fetcher.fetch(source)
+        return source
+
+    def shutdown(self) -> None:
+        self.executors.shutdown()
+        if self.media_workers is not None:
+            self.media_workers.shutdown()

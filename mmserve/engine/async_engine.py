@@ -36,12 +36,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mmserve.engine.admission import AdmissionExecutors, gather_or_cancel
+from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
-from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import ProcessedPrompt
@@ -137,9 +136,12 @@ class AsyncLLMEngine:
             raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
         self.engine = engine
         self.max_queued_requests = max_queued_requests
-        self.executors = executors or AdmissionExecutors.sized_for()
-        self.fetcher = fetcher or MediaFetcher(engine.processor.media_policy)
-        self.media_workers = media_workers
+        self.admission = Admission(
+            engine,
+            executors or AdmissionExecutors.sized_for(),
+            fetcher or MediaFetcher(engine.processor.media_policy),
+            media_workers,
+        )
         self._draining = False
         self.stats = ServerMetrics(self.get_metrics)
         self._cv = threading.Condition()
@@ -167,10 +169,14 @@ class AsyncLLMEngine:
             return
         self._thread = threading.Thread(target=self._run, name="mmserve-engine", daemon=True)
         self._thread.start()
-        if self.media_workers is not None:
-            self.media_workers.start()
+        if self.admission.media_workers is not None:
+            self.admission.media_workers.start()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    @property
+    def fetcher(self) -> MediaFetcher:
+        return self.admission.fetcher
+
+    def stop_loop(self, timeout: float = 10.0) -> None:
         """Stop the loop; in-flight and queued requests fail with ``EngineShutdownError``."""
         with self._cv:
             self._stopping = True
@@ -179,9 +185,11 @@ class AsyncLLMEngine:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("engine thread did not stop within %.1f s", timeout)
-        self.executors.shutdown()
-        if self.media_workers is not None:
-            self.media_workers.shutdown()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop, then the admission pools and worker processes."""
+        self.stop_loop(timeout)
+        self.admission.shutdown()
 
     async def drain(self, timeout: float) -> int:
         """Refuse new requests, let admitted ones finish for up to ``timeout`` seconds, then
@@ -191,8 +199,7 @@ class AsyncLLMEngine:
         while self._num_unfinished and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         cut = self._num_unfinished
-        await asyncio.to_thread(self.shutdown)
-        await self.fetcher.aclose()
+        await asyncio.to_thread(self.stop_loop)  # admission pools stay up for the lifespan
         return cut
 
     def check_health(self) -> None:
@@ -207,7 +214,7 @@ class AsyncLLMEngine:
 
     async def run_text(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run short CPU work (chat templates, JSON parsing) in the bounded text pool."""
-        return await self.executors.text(fn, *args)
+        return await self.admission.executors.text(fn, *args)
 
     def get_metrics(self) -> dict[str, float]:
         """The latest snapshot published by the engine thread (a copy)."""
@@ -251,7 +258,7 @@ class AsyncLLMEngine:
         reason = "error"
         try:
             try:
-                processed = await self._admit(prompt, images, uuids, cache_salt)
+                processed = await self.admission.admit(prompt, images, uuids, cache_salt)
                 params = params(len(processed.prompt_token_ids)) if callable(params) else params
             except ValueError:
                 reason = "rejected"
@@ -276,32 +283,6 @@ class AsyncLLMEngine:
             if stream is not None:  # admitted and not finished: free its KV / encoder refs
                 self._submit(_Abort(request_id, stream))
             timer.finish(reason)
-
-    async def _admit(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any],
-        uuids: Sequence[str | None] | None,
-        cache_salt: str | None,
-    ) -> ProcessedPrompt:
-        """Fetch (async), prepare images (media pool), tokenize + expand (text pool)."""
-        processor = self.engine.processor
-        processor.check_num_images(len(images))  # before any fetch or decode
-        sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
-        prepared = await gather_or_cancel(*(self._prepare_image(src) for src in sources))
-        return await self.executors.text(
-            self.engine.process_inputs, prompt, prepared, uuids, cache_salt
-        )
-
-    async def _prepare_image(self, source: Any) -> PreparedImage:
-        if self.media_workers is not None:
-            return await self.media_workers.prepare(source)
-        return await self.executors.media(self.engine.processor.prepare_image, source)
-
-    async def _fetch_if_remote(self, source: Any) -> Any:
-        if isinstance(source, str) and source.startswith(("http://", "https://")):
-            return await self.fetcher.fetch(source)
-        return source  # data: URLs and local files are read in the media pool
 
     def _submit(self, command: _Add | _Abort) -> None:
         with self._cv:

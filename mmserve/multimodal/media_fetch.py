@@ -35,15 +35,18 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
-#: Cloud instance-metadata endpoints (AWS/GCP/Azure, ECS, AWS time, Alibaba, Oracle, AWS IPv6):
+#: Cloud instance-metadata endpoints (AWS/GCP/Azure, ECS, AWS time, Alibaba, Oracle, Azure
+#: WireServer, AWS IPv6):
 #: refused always, even inside ``allowed_networks``.
 CLOUD_METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     map(ipaddress.ip_address, ("169.254.169.254", "169.254.170.2", "169.254.169.123",
-                               "100.100.100.200", "192.0.0.192", "fd00:ec2::254", "fd00:ec2::23"))
+                               "100.100.100.200", "192.0.0.192", "168.63.129.16",
+                               "fd00:ec2::254", "fd00:ec2::23"))
 )  # fmt: skip
 _SHARED_ADDRESS_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_URL_CHARS = 8192
 _NON_PUBLIC = ("loopback", "unspecified", "link_local", "multicast", "private", "reserved",
                "site_local")  # fmt: skip
 
@@ -60,7 +63,7 @@ class _Refused(Exception):
     """Internal: a fetch failed for the logged reason ``str(exc)``."""
 
 
-def _is_http(source: str) -> bool:
+def is_http_url(source: str) -> bool:
     return source[:8].lower().startswith(("http://", "https://"))
 
 
@@ -197,7 +200,7 @@ class MediaFetcher:
 
     async def load(self, source: str) -> bytes:
         """The bytes behind a data URL, http(s) URL, file:// URL or plain local path."""
-        if _is_http(source):
+        if is_http_url(source):
             return await self.fetch(source)
         return await asyncio.to_thread(self.read_offline, source)
 
@@ -215,7 +218,7 @@ class MediaFetcher:
     def load_blocking(self, source: str) -> bytes:
         """Same as :meth:`load` for synchronous callers, with or without a running loop here:
         data URLs and local files are read right here, fetches get a client of their own."""
-        if not _is_http(source):
+        if not is_http_url(source):
             return self.read_offline(source)
         if self._closed:
             raise RuntimeError("MediaFetcher is closed")
@@ -273,6 +276,8 @@ class MediaFetcher:
             raise _failure(url, exc) from None
 
     async def _fetch_hops(self, url: str, client: httpx.AsyncClient, slot: Any) -> bytes:
+        if len(url) > MAX_URL_CHARS:  # parsing a huge URL would stall the event loop
+            raise _Refused(f"URL longer than {MAX_URL_CHARS} characters")
         async with slot:
             current = httpx.URL(url)
             for _ in range(self.policy.max_redirects + 1):
@@ -280,6 +285,8 @@ class MediaFetcher:
                 try:
                     status, location = response.status_code, response.headers.get("location")
                     if status in _REDIRECTS and location:
+                        if len(location) > MAX_URL_CHARS:
+                            raise _Refused(f"redirect longer than {MAX_URL_CHARS} characters")
                         current = current.join(location)
                         continue
                     if status != 200:

@@ -18,7 +18,7 @@ from typing import Any
 
 from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.image_prep import ImagePreparer
-from mmserve.multimodal.processor import InputProcessor, memo_key
+from mmserve.multimodal.processor import InputProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ def _prepare(source: bytes | str) -> PreparedImage:
 class MediaWorkers:
     """A pool of ``processes`` spawned workers preparing images for one ``InputProcessor``.
 
-    Invariants: at most ``processes`` images are prepared at once; the processor's memo (in this
-    process) is consulted first and filled after, so an image resent every turn is prepared
-    once; a crashed pool is replaced for the next image, and the image in flight fails alone.
+    Invariants: at most ``processes`` images are prepared at once; a crashed pool is shut down
+    and replaced for the next image (the images it held fail); after ``shutdown`` nothing is
+    started again. Memoization is the caller's (``Admission``), in the server process.
     """
 
     def __init__(self, processor: InputProcessor, processes: int) -> None:
@@ -51,9 +51,10 @@ class MediaWorkers:
         self.processor = processor
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
 
     def start(self) -> None:
-        if self._pool is None:
+        if self._pool is None and not self._closed:
             preparer = self.processor.preparer
             self._pool = ProcessPoolExecutor(
                 self.processes,
@@ -62,32 +63,23 @@ class MediaWorkers:
                 initargs=(preparer.model_config, preparer.image_processor, preparer.media_policy),
             )
 
-    async def prepare(self, source: Any) -> PreparedImage:
-        """Bytes and ``data:`` URLs go to a worker (memoized); anything else (a local path, a
-        PIL image) is prepared by the processor in a thread."""
-        memo = self.processor.memo
-        if not isinstance(source, (bytes, str)) or (
-            isinstance(source, str) and not source.startswith("data:")
-        ):
-            return await asyncio.to_thread(self.processor.prepare_image, source)
-        key = await asyncio.to_thread(memo_key, source)
-        prepared = memo.get(key)
-        if prepared is None:
-            prepared = await self._run(source)
-            memo.put(key, prepared)
-        return prepared
-
-    async def _run(self, source: bytes | str) -> PreparedImage:
+    async def run(self, source: bytes | str) -> PreparedImage:
+        """Prepare encoded bytes, a data URL or a local path (under the media policy)."""
         self.start()
-        assert self._pool is not None
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the media workers are shut down")
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, _prepare, source)
+            return await asyncio.get_running_loop().run_in_executor(pool, _prepare, source)
         except BrokenProcessPool:
             logger.error("a media worker process died; starting a new pool")
-            self._pool = None
+            if self._pool is pool:
+                self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
             raise RuntimeError("image preprocessing failed (worker process died)") from None
 
     def shutdown(self) -> None:
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -87,7 +87,11 @@ class InputProcessor:
         items: list[MultiModalItem] = []
         shift = 0
         for i, (place, source) in enumerate(zip(places, images, strict=True)):
-            prepared = source if isinstance(source, PreparedImage) else self.prepare_image(source)
+            prepared = (
+                source
+                if isinstance(source, PreparedImage)
+                else self.prepare_image(source, cache_salt)
+            )
             key = self.item_key(prepared, uuids[i] if uuids is not None else None, cache_salt)
             repeats[place] = prepared.length
             items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
@@ -112,16 +116,16 @@ class InputProcessor:
             mm_hash = hash_uuid(uuid, mc.model, mc.processor_kwargs, prepared.length, prepared.size)
         return salted(mm_hash, cache_salt)
 
-    def prepare_image(self, source: Any) -> PreparedImage:
+    def prepare_image(self, source: Any, cache_salt: str | None = None) -> PreparedImage:
         """Decode, hash and preprocess one image, or take all three from the memo when these
-        exact bytes (or pixels) were seen before. Thread-safe."""
+        exact bytes (or pixels) were seen before by the same tenant. Thread-safe."""
         if not self.preparer.accepts_images:
             raise ValueError("this model does not accept images")
         raw = self.preparer.read(source)
         if isinstance(raw, Image.Image):
-            key = f"px:{self.preparer.content_hash(checked_image(raw))}"
+            key = f"{cache_salt or ''}|px:{self.preparer.content_hash(checked_image(raw))}"
         else:
-            key = memo_key(raw)
+            key = memo_key(raw, cache_salt)
         prepared = self.memo.get(key)
         if prepared is None:
             prepared = self.preparer.prepare(raw)
@@ -129,8 +133,7 @@ class InputProcessor:
         return prepared
 
 
-def memo_key(raw: bytes | str) -> str:
-    """The memo key of encoded image bytes (or of a data URL, before decoding it)."""
-    if isinstance(raw, str):
-        return f"url:{blake3.blake3(raw.encode()).hexdigest()}"
-    return f"raw:{blake3.blake3(raw).hexdigest()}"
+def memo_key(raw: bytes | str, cache_salt: str | None = None) -> str:
+    """The memo key of encoded image bytes (or of a data URL, before decoding it), per tenant."""
+    kind, data = ("url", raw.encode()) if isinstance(raw, str) else ("raw", raw)
+    return f"{cache_salt or ''}|{kind}:{blake3.blake3(data).hexdigest()}"

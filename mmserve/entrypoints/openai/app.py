@@ -21,7 +21,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.entrypoints.openai.errors import error_response, install_error_handlers, to_api_error
+from mmserve.entrypoints.openai.errors import (
+    RETRY_AFTER_S,
+    error_response,
+    install_error_handlers,
+    to_api_error,
+)
 from mmserve.entrypoints.openai.http_body import read_json_body
 from mmserve.entrypoints.openai.json_guard import JSONGuard
 from mmserve.entrypoints.openai.limits import RequestLimits
@@ -70,6 +75,7 @@ def build_app(
         finally:
             guard.shutdown()
             await asyncio.to_thread(engine.shutdown)
+            await engine.fetcher.aclose()
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
     app.state.engine = engine
@@ -99,7 +105,9 @@ def build_app(
             engine.check_health()
         except Exception as exc:
             err = to_api_error(exc)
-            return JSONResponse({"status": "unavailable", "detail": err.message}, err.status)
+            headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 503 else None
+            body = {"status": "unavailable", "detail": err.message}
+            return JSONResponse(body, err.status, headers=headers)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -23,6 +23,7 @@ from mmserve.engine.async_engine import (
     EngineShutdownError,
     EngineStepError,
 )
+from mmserve.entrypoints.openai.json_guard import GuardBusy
 from mmserve.entrypoints.openai.limits import LimitExceeded
 from mmserve.multimodal.media import ImageTooLargeError
 
@@ -145,6 +146,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(499, "client disconnected", code="client_disconnected")
     if isinstance(exc, LimitExceeded):
         return APIError(400, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, GuardBusy):
+        return APIError(503, str(exc), code="overloaded")
     if isinstance(exc, ValueError) and _is_too_large(exc):
         return APIError(413, str(exc), code="image_too_large")
     if isinstance(exc, ValidationError):

@@ -23,6 +23,8 @@ from mmserve.entrypoints.openai.limits import LimitExceeded, RequestLimits
 GUARD_BYTES = 256 << 10  # bodies above this are screened in the helper process
 GUARD_CONTAINERS = 4096  # ... and so are smaller ones with more "{" / "[" than this
 HELPER_NICE = 10
+HELPER_MEMORY_BYTES = 4 << 30  # address-space cap of the helper: a parse bomb fails alone
+MAX_WAITING = 16  # large bodies queued for the helper before more get 503
 
 
 class BodyRejected(ValueError):
@@ -67,30 +69,39 @@ def _has_lone_surrogate(data: Any) -> bool:
 
 
 def _text_bytes(text: Any) -> int:
+    """UTF-8 bytes of a string, or of the strings in a list (a list of prompts)."""
+    if type(text) is list:
+        return sum(_text_bytes(t) for t in text if type(t) is str)
     return len(text.encode("utf-8", "replace")) if type(text) is str else 0
 
 
 def _check_counts(data: dict[str, Any], limits: RequestLimits) -> None:
     """The per-request counts, on the raw structure (wrong types are left to validation)."""
+    ids = [data.get("model"), data.get("cache_salt")]
     messages = data.get("messages")
     if type(messages) is list:
         limits.check("max_chat_messages", len(messages), "messages")
         parts = text = 0
         for msg in messages:
-            content = msg.get("content") if type(msg) is dict else None
+            msg = msg if type(msg) is dict else {}
+            content = msg.get("content")
+            ids.append(msg.get("name"))
             if type(content) is list:
                 parts += len(content)
-                text += sum(_text_bytes(p.get("text")) for p in content if type(p) is dict)
+                for part in content:
+                    if type(part) is dict:
+                        text += _text_bytes(part.get("text"))
+                        ids.append(part.get("uuid"))
             else:
                 text += _text_bytes(content)
         limits.check("max_content_parts", parts, "messages")
         limits.check("max_text_bytes", text, "messages")
+    limits.check("max_id_length", max(map(_text_len, ids)))
     limits.check("max_text_bytes", _text_bytes(data.get("prompt")), "prompt")
     stop = data.get("stop")
     stops = [stop] if type(stop) is str else stop if type(stop) is list else []
     limits.check("max_stop_strings", len(stops), "stop")
     limits.check("max_stop_string_length", max(map(_text_len, stops), default=0), "stop")
-    limits.check("max_cache_salt_length", _text_len(data.get("cache_salt")), "cache_salt")
 
 
 def _text_len(value: Any) -> int:
@@ -100,11 +111,13 @@ def _text_len(value: Any) -> int:
 def parse_and_screen(body: bytes, limits: RequestLimits) -> dict[str, Any]:
     """bytes -> the body's JSON object, or ``BodyRejected`` / ``LimitExceeded``."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BodyRejected("the request body is not valid JSON") from None
+        data = json.loads(body.decode("utf-8"))  # strict: json.loads(bytes) passes surrogates
+    except (ValueError, UnicodeDecodeError):  # JSONDecodeError, over-long integers
+        raise BodyRejected("the request body is not valid JSON (UTF-8)") from None
     except RecursionError:
         raise BodyRejected(f"JSON nesting deeper than {limits.max_json_depth}") from None
+    except MemoryError:
+        raise BodyRejected("the request body is too complex to parse") from None
     if type(data) is not dict:
         raise BodyRejected("the request body must be a JSON object")
     _walk(data, limits.max_json_depth, limits.max_json_values)
@@ -118,50 +131,80 @@ def needs_guard(body: bytes) -> bool:
     return len(body) > GUARD_BYTES or body.count(b"{") + body.count(b"[") > GUARD_CONTAINERS
 
 
-def _screen(body: bytes, limits: RequestLimits) -> tuple[str, str | None, str | None] | None:
-    """Helper-process side: None if acceptable, else (message, param, code)."""
+def _screen(body: bytes, limits: RequestLimits) -> tuple[str, Any, Any]:
+    """Helper-process side: ("ok", the parsed object, None) or ("limit" / "bad", message,
+    param). The parsed object travels back pickled, so the server never runs the JSON parser
+    on the body (unpickling a screened object costs about a memcpy)."""
     try:
-        parse_and_screen(body, limits)
+        return "ok", parse_and_screen(body, limits), None
     except LimitExceeded as exc:
-        return str(exc), exc.param, exc.code
+        return "limit", str(exc), exc.param
     except BodyRejected as exc:
-        return str(exc), None, None
-    return None
+        return "bad", str(exc), None
+
+
+def _init_helper() -> None:
+    os.nice(HELPER_NICE)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (HELPER_MEMORY_BYTES, HELPER_MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):  # not Linux, or a lower hard limit
+        pass
+
+
+class GuardBusy(Exception):
+    """More large bodies wait for screening than the guard queues (HTTP 503)."""
 
 
 class JSONGuard:
-    """One lazily started helper process that screens large or dense bodies.
+    """One lazily started helper process that parses and screens large or dense bodies.
 
-    Invariants: the server's own process only parses bodies the guard accepted (or small,
-    sparse ones), so no body makes it hold the GIL for long; a crashed helper is replaced on
-    the next body, and that body is refused rather than parsed in-process.
+    Invariants: the server's own process never runs the JSON parser on such a body (it gets
+    the screened object back); at most ``MAX_WAITING`` bodies wait for the helper, more are
+    refused with ``GuardBusy``; a crashed helper is replaced on the next body, and the bodies
+    it held are refused; after ``shutdown`` nothing is started again.
     """
 
     def __init__(self, limits: RequestLimits) -> None:
         self.limits = limits
         self._pool: ProcessPoolExecutor | None = None
+        self._waiting = 0
+        self._closed = False
 
     def start(self) -> None:
-        if self._pool is None:
+        if self._pool is None and not self._closed:
             self._pool = ProcessPoolExecutor(
-                1, mp_context=get_context("spawn"), initializer=os.nice, initargs=(HELPER_NICE,)
+                1, mp_context=get_context("spawn"), initializer=_init_helper
             )
 
-    async def screen(self, body: bytes) -> None:
-        """Raise ``LimitExceeded`` / ``BodyRejected`` for a body the server must not parse."""
+    async def parse(self, body: bytes) -> dict[str, Any]:
+        """The screened JSON object, or ``LimitExceeded`` / ``BodyRejected`` / ``GuardBusy``."""
+        if self._waiting >= MAX_WAITING:
+            raise GuardBusy("too many large request bodies are waiting; retry later")
         self.start()
-        assert self._pool is not None
-        loop = asyncio.get_running_loop()
+        pool = self._pool
+        if pool is None:
+            raise GuardBusy("the server is shutting down")
+        self._waiting += 1
         try:
-            verdict = await loop.run_in_executor(self._pool, _screen, body, self.limits)
+            loop = asyncio.get_running_loop()
+            kind, value, param = await loop.run_in_executor(pool, _screen, body, self.limits)
         except BrokenProcessPool:
-            self._pool = None
+            if self._pool is pool:
+                self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
             raise BodyRejected("the request body could not be screened; retry") from None
-        if verdict is not None:
-            message, param, code = verdict
-            raise LimitExceeded(message, param) if code else BodyRejected(message)
+        finally:
+            self._waiting -= 1
+        if kind == "limit":
+            raise LimitExceeded(value, param)
+        if kind == "bad":
+            raise BodyRejected(value)
+        return value
 
     def shutdown(self) -> None:
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -37,7 +37,9 @@ class RequestLimits:
     max_text_bytes: int = _limit(1 << 20, "most UTF-8 bytes of text over all messages / prompt")
     max_stop_strings: int = _limit(64, "most stop strings per request")
     max_stop_string_length: int = _limit(256, "longest stop string in characters")
-    max_cache_salt_length: int = _limit(256, "longest cache_salt in characters")
+    max_id_length: int = _limit(
+        256, "longest model name, message name, image uuid or cache_salt in characters"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -82,6 +82,7 @@ class OpenAIServing:
     # ---- endpoints -----------------------------------------------------------------------
     async def chat(self, raw: Request, req: ChatCompletionRequest) -> Any:
         """/v1/chat/completions: messages -> chat template + images -> JSON or SSE."""
+        self.engine.check_health()  # draining or dead: 503 before any work
         self.check_model(req.model)
         factory = self.sampling_factory(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
@@ -95,6 +96,7 @@ class OpenAIServing:
 
     async def completion(self, raw: Request, req: CompletionRequest) -> Any:
         """/v1/completions: one text or token-id prompt (no images) -> JSON or SSE."""
+        self.engine.check_health()
         self.check_model(req.model)
         factory = self.sampling_factory(req)
         prompt: Any = req.prompt
@@ -118,7 +120,7 @@ class OpenAIServing:
         if name is not None and name not in self.accepted_names:
             raise APIError(
                 404,
-                f"The model `{name}` does not exist (this server serves `{self.model_name}`).",
+                f"The model `{name[:64]}` does not exist (this server serves `{self.model_name}`).",
                 param="model",
                 code="model_not_found",
             )
