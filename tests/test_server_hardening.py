@@ -459,3 +459,26 @@ def test_hostile_large_bodies_are_never_parsed_in_the_server_process(
     ok = http.post(CHAT, json=text_chat(pad="x" * 300_000))  # large but acceptable
     assert ok.status_code == 200, ok.text
     assert parsed == []  # the helper parsed it; this process only validated the result
+
+
+@pytest.mark.parametrize(
+    ("header", "patterns", "allowed"),
+    [
+        ("api.example.com", ["api.example.com"], True),
+        ("API.example.com:8443", ["api.example.com"], True),
+        ("api.example.com", ["api.example.com:8000"], True),  # ports are ignored
+        ("a.b.example.com", ["*.example.com"], True),
+        ("example.com", ["*.example.com"], False),
+        ("evil-example.com", ["*.example.com"], False),
+        ("[::1]:8000", ["::1"], True),
+        ("[::1]", ["[::1]"], True),
+        ("[::1]junk", ["::1"], False),  # malformed
+        ("localhost:80x", ["localhost"], False),
+        ("", ["localhost"], False),
+        ("anything", ["*"], True),
+    ],
+)
+def test_host_allow_list_matching(header: str, patterns: list[str], allowed: bool) -> None:
+    from mmserve.entrypoints.openai.middleware import host_allowed
+
+    assert host_allowed(header, patterns) is allowed

@@ -40,15 +40,33 @@ class HTTPMetricsMiddleware:
             self.stats.observe_http(path if path in ENDPOINTS else "other", status)
 
 
+def _host_of(value: str) -> str | None:
+    """``Example.com:8000`` -> ``example.com``, ``[::1]:80`` -> ``::1``; malformed -> None."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1 :]
+        if end < 0 or (rest and not (rest[:1] == ":" and rest[1:].isdigit())):
+            return None
+        return value[1:end] or None
+    host, _, port = value.partition(":")
+    return host if host and (not port or port.isdigit()) else None
+
+
 def host_allowed(host_header: str, allowed: Iterable[str]) -> bool:
-    """``host[:port]`` against names like ``api.example.com`` or ``*.example.com``."""
-    host = host_header.strip().lower()
-    host = host.rsplit("]", 1)[0] + "]" if host.startswith("[") else host.split(":", 1)[0]
+    """The Host header against names like ``api.example.com``, ``*.example.com``, ``[::1]``
+    or ``host:8000`` (ports are ignored); a malformed header matches nothing but ``*``."""
+    host = _host_of(host_header)
     for pattern in allowed:
-        pattern = pattern.lower()
-        if pattern == "*" or host == pattern:
+        pattern = pattern.strip().lower()
+        if pattern == "*":
             return True
+        if host is None:
+            continue
         if pattern.startswith("*.") and host.endswith(pattern[1:]):
+            return True
+        bare_ipv6 = pattern.count(":") > 1 and not pattern.startswith("[")
+        if host == (pattern if bare_ipv6 else _host_of(pattern)):
             return True
     return False
 
