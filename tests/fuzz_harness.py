@@ -92,8 +92,14 @@ def random_workload(seed: int) -> Workload:
         prompt += rng.choice(["What is it?", "Compare", "", "Describe the colors."])
         if not prompt.strip():
             prompt = "Hello"
-        requests.append(FuzzRequest(prompt + " ASSISTANT:", images, rng.randint(1, 8),
-                                    rng.choice([0, 0, 0, rng.randint(1, 12)])))
+        requests.append(
+            FuzzRequest(
+                prompt + " ASSISTANT:",
+                images,
+                rng.randint(1, 8),
+                rng.choice([0, 0, 0, rng.randint(1, 12)]),
+            )
+        )
     if rng.random() < 0.15:
         victim = rng.choice(requests)
         if len(victim.images) == max_images:
@@ -120,8 +126,12 @@ def random_workload(seed: int) -> Workload:
         "processor_kwargs": MODELS[model]["processor_kwargs"],
     }
     if rng.random() < 0.25:  # squeezed: preemptions that release images others planned to hit
-        args.update(num_kv_blocks=cdiv(max_len, block_size), max_num_seqs=6,
-                    enable_encoder_cache=False, encoder_cache_size=None)
+        args.update(
+            num_kv_blocks=cdiv(max_len, block_size),
+            max_num_seqs=6,
+            enable_encoder_cache=False,
+            encoder_cache_size=None,
+        )
     fail_calls = {c for c in range(400) if rng.random() < 0.03}
     return Workload(model, args, requests, fail_calls)
 
@@ -170,12 +180,16 @@ class PlainOutputs:
         if key not in self.memo:
             if model not in self.engines:
                 self.engines[model] = LLM(
-                    model, enable_prefix_caching=False, enable_encoder_cache=False,
-                    max_num_batched_tokens=4096, max_model_len=MODELS[model]["max_model_len"],
+                    model,
+                    enable_prefix_caching=False,
+                    enable_encoder_cache=False,
+                    max_num_batched_tokens=4096,
+                    max_model_len=MODELS[model]["max_model_len"],
                     processor_kwargs=MODELS[model]["processor_kwargs"],
                 )
             out = self.engines[model].generate(
-                {"prompt": request.prompt, "images": request.images}, params(request),
+                {"prompt": request.prompt, "images": request.images},
+                params(request),
                 use_tqdm=False,
             )[0]
             self.memo[key] = out.outputs[0].token_ids

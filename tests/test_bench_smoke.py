@@ -15,8 +15,19 @@ MODEL = ["--model", "tiny-llava", "--resolution", "480p", "--threads", "2"]
 
 
 def test_multiturn(tmp_path):
-    out = multiturn.main([*MODEL, "--turns", "2", "--answer-tokens", "3", "--out", str(tmp_path),
-                          "--engines", "mmserve,mmserve-nocache,transformers"])
+    out = multiturn.main(
+        [
+            *MODEL,
+            "--turns",
+            "2",
+            "--answer-tokens",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--engines",
+            "mmserve,mmserve-nocache,transformers",
+        ]
+    )
     saved = json.loads((tmp_path / "multiturn_tiny-llava_480p.json").read_text())
     assert (tmp_path / "multiturn_tiny-llava_480p.json").exists()
     summary = {s["engine"]: s for s in saved["summary"]}
@@ -32,9 +43,23 @@ def test_multiturn(tmp_path):
 
 def test_reuse_shared_prefixes(tmp_path):
     # sequential: a repeat's prefix blocks are computed before it arrives, so it can hit them
-    out = reuse.main([*MODEL, "--requests", "6", "--reuse", "0.5", "--max-tokens", "3",
-                      "--arrival", "sequential", "--engines", "mmserve,mmserve-nocache",
-                      "--out", str(tmp_path)])
+    out = reuse.main(
+        [
+            *MODEL,
+            "--requests",
+            "6",
+            "--reuse",
+            "0.5",
+            "--max-tokens",
+            "3",
+            "--arrival",
+            "sequential",
+            "--engines",
+            "mmserve,mmserve-nocache",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert list(tmp_path.glob("reuse_tiny-llava_50pct_grouped_sequential.json"))
     specs = reuse_specs(6, 0.5, grouped=True)
     distinct = len({s.image for s in specs})
@@ -45,8 +70,22 @@ def test_reuse_shared_prefixes(tmp_path):
 
 
 def test_reuse_zipf(tmp_path):
-    out = reuse.main([*MODEL, "--requests", "6", "--zipf", "--distinct", "3", "--max-tokens",
-                      "2", "--engines", "mmserve", "--out", str(tmp_path)])
+    out = reuse.main(
+        [
+            *MODEL,
+            "--requests",
+            "6",
+            "--zipf",
+            "--distinct",
+            "3",
+            "--max-tokens",
+            "2",
+            "--engines",
+            "mmserve",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     saved = json.loads((tmp_path / "reuse_tiny-llava_zipf_D3_all.json").read_text())
     (row,) = saved["rows"]
     assert row["images_encoded"] == saved["distinct_images"]
@@ -57,8 +96,18 @@ def test_reuse_zipf(tmp_path):
 
 
 def test_probe(tmp_path):
-    out = probe.main([*MODEL, "--max-images", "3", "--answer-tokens", "2", "--no-mallopt",
-                      "--out", str(tmp_path)])
+    out = probe.main(
+        [
+            *MODEL,
+            "--max-images",
+            "3",
+            "--answer-tokens",
+            "2",
+            "--no-mallopt",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert (tmp_path / "probe_tiny-llava_480p.json").exists()
     on = [r for r in out["rows"] if r["mode"] == "mmserve"]
     off = [r for r in out["rows"] if r["mode"] == "mmserve-nocache"]
@@ -84,8 +133,18 @@ def _sse_stub(request: httpx.Request) -> httpx.Response:
 
 
 def test_serve_client_against_stub(tmp_path):
-    argv = ["--requests", "5", "--concurrency", "2", "--resolution", "480p", "--run", "1",
-            "--out", str(tmp_path)]
+    argv = [
+        "--requests",
+        "5",
+        "--concurrency",
+        "2",
+        "--resolution",
+        "480p",
+        "--run",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     out = serve.main(argv, transport=httpx.MockTransport(_sse_stub))
     summary = out["summary"]
     assert summary["requests"] == 5 and summary["failed"] == 0

@@ -13,8 +13,12 @@ from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capa
 
 def model(per_item: int, hidden: int = 64) -> ModelConfig:
     return ModelConfig(
-        model="m", path=Path("."), architecture="X", hf_config=None,
-        hidden_size=hidden, max_tokens_per_image=per_item,
+        model="m",
+        path=Path("."),
+        architecture="X",
+        hf_config=None,
+        hidden_size=hidden,
+        max_tokens_per_image=per_item,
     )
 
 

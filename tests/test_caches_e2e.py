@@ -69,10 +69,16 @@ def test_four_turn_chat_encodes_each_image_once(reference, images, prefix_cachin
 
 
 def test_tiny_encoder_cache_evicts_every_step_and_outputs_stay_identical(reference, images):
-    llm = LLM("tiny-llava", encoder_cache_size=256, enable_prefix_caching=False,
-              max_num_batched_tokens=300)
-    cases = [(prompt_with(3, "Compare."), [images[0], images[1], images[2]]),
-             (prompt_with(2, "Which?"), [images[3], images[0]])]
+    llm = LLM(
+        "tiny-llava",
+        encoder_cache_size=256,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=300,
+    )
+    cases = [
+        (prompt_with(3, "Compare."), [images[0], images[1], images[2]]),
+        (prompt_with(2, "Which?"), [images[3], images[0]]),
+    ]
     run(llm, reference, cases)
     metrics = llm.get_metrics()
     assert metrics["encoder_cache_evictions"] >= 4

@@ -78,10 +78,13 @@ def test_finish_reasons_and_stops(llm, images):
 
 def test_chat_matches_generate_with_template(llm, images):
     messages = [
-        {"role": "user", "content": [
-            {"type": "image", "image": images[0]},
-            {"type": "text", "text": "What is it?"},
-        ]}
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": images[0]},
+                {"type": "text", "text": "What is it?"},
+            ],
+        }
     ]
     chat = llm.chat(messages, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
     prompt = llm.get_tokenizer().apply_chat_template(
@@ -102,8 +105,10 @@ def test_image_inputs_in_every_form(llm, images, tmp_path):
 
     data_url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     params = SamplingParams(temperature=0, max_tokens=8)
-    results = {_tuple(_tokens(llm, params, [src])) for src in
-               (images[0], str(path), path, buf.getvalue(), data_url)}
+    results = {
+        _tuple(_tokens(llm, params, [src]))
+        for src in (images[0], str(path), path, buf.getvalue(), data_url)
+    }
     assert len(results) == 1
 
 
@@ -157,7 +162,14 @@ def test_unknown_model():
 
 def test_metrics_keys(llm):
     metrics = llm.get_metrics()
-    for key in ("kv_blocks_total", "kv_blocks_used", "num_preemptions", "prompt_tokens",
-                "generation_tokens", "encoder_cache_hits", "encoder_seconds"):
+    for key in (
+        "kv_blocks_total",
+        "kv_blocks_used",
+        "num_preemptions",
+        "prompt_tokens",
+        "generation_tokens",
+        "encoder_cache_hits",
+        "encoder_seconds",
+    ):
         assert key in metrics
     assert metrics["prompt_tokens"] > 0 and metrics["generation_tokens"] > 0

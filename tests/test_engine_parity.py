@@ -67,8 +67,9 @@ def test_image_split_across_chunks(reference, images, budget):
 def test_preemption(reference, images):
     # Prompts of ~270 tokens take 17 blocks each: two fit in 35 blocks, but their decodes
     # soon need an 18th block each, so the newer one is preempted and recomputed.
-    llm = LLM("tiny-llava", num_kv_blocks=35, block_size=16, max_model_len=560,
-              max_num_batched_tokens=512)
+    llm = LLM(
+        "tiny-llava", num_kv_blocks=35, block_size=16, max_model_len=560, max_num_batched_tokens=512
+    )
     cases = [(prompt_with(1, f"Question {i}?"), [images[i]]) for i in range(4)]
     check_parity(llm, reference, cases)
     assert llm.get_metrics()["num_preemptions"] > 0

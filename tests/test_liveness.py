@@ -81,11 +81,18 @@ def test_repeated_image_qwen2_vl():
 # ---- 2. livelock: another request keeps being preempted --------------------------------------
 def test_repeated_image_beside_a_request_that_keeps_being_preempted(abc):
     a, b, c = abc
-    prompts = [{"prompt": LLAVA_3, "images": [a, b, a]},
-               {"prompt": "USER: <image>\n<image>\nAnd these? ASSISTANT:", "images": [c, b]}]
+    prompts = [
+        {"prompt": LLAVA_3, "images": [a, b, a]},
+        {"prompt": "USER: <image>\n<image>\nAnd these? ASSISTANT:", "images": [c, b]},
+    ]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    llm = LLM("tiny-llava", encoder_cache_size=256, num_kv_blocks=60, max_model_len=960,
-              max_num_batched_tokens=128)
+    llm = LLM(
+        "tiny-llava",
+        encoder_cache_size=256,
+        num_kv_blocks=60,
+        max_model_len=960,
+        max_num_batched_tokens=128,
+    )
     outs = bounded_generate(llm, prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == plain_outputs("tiny-llava", prompts, params)
     assert llm.get_metrics()["num_preemptions"] > 0
@@ -101,8 +108,9 @@ def test_async_engine_serves_repeated_image_and_bystander(abc):
         async def run(prompt, images):
             return [o async for o in engine.generate(prompt, images, params=GREEDY)][-1]
 
-        return await asyncio.gather(run(LLAVA_3, [a, b, a]),
-                                    run("USER: <image>\nWhat? ASSISTANT:", [c]))
+        return await asyncio.gather(
+            run(LLAVA_3, [a, b, a]), run("USER: <image>\nWhat? ASSISTANT:", [c])
+        )
 
     try:
         outs = asyncio.run(both())
@@ -157,9 +165,11 @@ def test_async_engine_fails_only_the_stuck_request(abc, monkeypatch):
         async def run(prompt, images):
             return [o async for o in engine.generate(prompt, images, params=GREEDY)][-1]
 
-        return await asyncio.gather(run(LLAVA_3, [a, b, a]),
-                                    run("USER: <image>\nWhat? ASSISTANT:", [c]),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            run(LLAVA_3, [a, b, a]),
+            run("USER: <image>\nWhat? ASSISTANT:", [c]),
+            return_exceptions=True,
+        )
 
     try:
         stuck, bystander = asyncio.run(both())
@@ -178,8 +188,9 @@ def test_preemption_that_evicts_a_planned_hit_is_replanned():
     from mmserve.core.outputs import ModelRunnerOutput
     from tests.core_helpers import assert_all_free, make_request, make_scheduler
 
-    sched = make_scheduler(num_blocks=2, block_size=8, budget=8, encoder_budget=16,
-                           encoder_capacity=16)
+    sched = make_scheduler(
+        num_blocks=2, block_size=8, budget=8, encoder_budget=16, encoder_capacity=16
+    )
     sched.encoder_cache.retain_unreferenced = False
     old = make_request("old", [8, ("A", 16), 8])
     young = make_request("young", [("A", 16), 8])
@@ -238,8 +249,12 @@ def test_a_poisoned_image_fails_only_its_request(reference, abc, monkeypatch):
 
     monkeypatch.setattr(model, "encode_images", encode)
     monkeypatch.setattr(llm.engine.processor, "prepare_image", _memo_returning(llm, c, poison))
-    prompts = [("USER: <image>\nOne? ASSISTANT:", [a]), ("USER: <image>\nTwo? ASSISTANT:", [c]),
-               ("USER: <image>\nThree? ASSISTANT:", [b]), ("Text only, please.", [])]
+    prompts = [
+        ("USER: <image>\nOne? ASSISTANT:", [a]),
+        ("USER: <image>\nTwo? ASSISTANT:", [c]),
+        ("USER: <image>\nThree? ASSISTANT:", [b]),
+        ("Text only, please.", []),
+    ]
     outs = llm.generate([{"prompt": p, "images": i} for p, i in prompts], GREEDY, use_tqdm=False)
     reasons = [o.outputs[0].finish_reason for o in outs]
     assert reasons[1] == "error" and "rejects this image" in outs[1].error
@@ -273,8 +288,9 @@ def test_a_fatal_device_error_fails_everything_and_marks_the_engine_dead(abc, mo
 
     monkeypatch.setattr(llm.engine.runner, "execute", broken)
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        llm.generate({"prompt": "USER: <image>\nWhat? ASSISTANT:", "images": [a]}, GREEDY,
-                     use_tqdm=False)
+        llm.generate(
+            {"prompt": "USER: <image>\nWhat? ASSISTANT:", "images": [a]}, GREEDY, use_tqdm=False
+        )
     assert llm.engine.dead is not None
     with pytest.raises(RuntimeError, match="dead"):
         llm.generate("hello", GREEDY, use_tqdm=False)
@@ -305,8 +321,10 @@ def png_bytes(image) -> bytes:
 def test_max_model_len_beyond_the_kv_cache_is_refused():
     with pytest.raises(ValueError, match=r"max_model_len=4096.*64 tokens"):
         LLM("tiny-llava", num_kv_blocks=4, block_size=16)
-    assert LLM("tiny-llava", num_kv_blocks=4, block_size=16, max_model_len=64).engine \
-        .max_model_len == 64
+    assert (
+        LLM("tiny-llava", num_kv_blocks=4, block_size=16, max_model_len=64).engine.max_model_len
+        == 64
+    )
 
 
 def test_a_fatal_error_in_the_server_engine_makes_health_fail(abc, monkeypatch):
@@ -322,8 +340,9 @@ def test_a_fatal_error_in_the_server_engine_makes_health_fail(abc, monkeypatch):
     engine = AsyncLLMEngine(llm_engine)
 
     async def one():
-        return [o async for o in engine.generate("USER: <image>\nWhat? ASSISTANT:", [a],
-                                                 params=GREEDY)]
+        return [
+            o async for o in engine.generate("USER: <image>\nWhat? ASSISTANT:", [a], params=GREEDY)
+        ]
 
     try:
         with pytest.raises(EngineShutdownError, match="device-side assert"):

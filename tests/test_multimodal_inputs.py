@@ -62,8 +62,9 @@ def test_uuid_replaces_the_content_hash(engine, images):
     assert a.mm_items[0].hash == a.mm_items[1].hash
     sizes = engine.process_inputs(PROMPT, [images[0], images[1]], uuids=["same", "same"])
     assert sizes.mm_items[0].hash != sizes.mm_items[1].hash  # a uuid is checked against size
-    salted = engine.process_inputs(PROMPT, [images[0], images[0]], uuids=["same", "same"],
-                                   cache_salt="tenant")
+    salted = engine.process_inputs(
+        PROMPT, [images[0], images[0]], uuids=["same", "same"], cache_salt="tenant"
+    )
     assert salted.mm_items[0].hash == salted.mm_items[1].hash != a.mm_items[0].hash
     b = engine.process_inputs(PROMPT, [images[0], images[1]], uuids=[None, "x"])
     assert b.mm_items[0].hash == hash_image(images[0], "tiny-llava", {})

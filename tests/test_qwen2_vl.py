@@ -87,8 +87,13 @@ def llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def imgs() -> dict[str, Image.Image]:
-    sizes = {"square": (224, 224), "portrait": (320, 480), "wide": (640, 360),
-             "tiny": (30, 20), "hd": (1280, 720)}
+    sizes = {
+        "square": (224, 224),
+        "portrait": (320, 480),
+        "wide": (640, 360),
+        "tiny": (30, 20),
+        "hd": (1280, 720),
+    }
     return {name: make_image(i, size) for i, (name, size) in enumerate(sizes.items())}
 
 
@@ -134,8 +139,15 @@ def test_image_split_across_chunks(ref, imgs, budget):
 def test_image_reused_across_requests_and_turns(ref, imgs):
     llm = LLM(MODEL, max_num_batched_tokens=2048)
     image = imgs["portrait"]
-    turn1 = [{"role": "user", "content": [
-        {"type": "image", "image": image}, {"type": "text", "text": "What is this?"}]}]
+    turn1 = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": image},
+                {"type": "text", "text": "What is this?"},
+            ],
+        }
+    ]
     out1 = llm.chat(turn1, GREEDY, use_tqdm=False)[0]
     turn2 = turn1 + [
         {"role": "assistant", "content": out1.outputs[0].text},
@@ -151,9 +163,17 @@ def test_image_reused_across_requests_and_turns(ref, imgs):
     assert metrics["encoder_cache_hits"] >= 1, metrics
     render = ref.tokenizer.apply_chat_template
     for conv, out in ((turn1, out1), (turn2, out2)):
-        conv = [{**m, "content": [{"type": "image"} if p.get("type") == "image" else p
-                                  for p in m["content"]]} if isinstance(m["content"], list)
-                else m for m in conv]
+        conv = [
+            {
+                **m,
+                "content": [
+                    {"type": "image"} if p.get("type") == "image" else p for p in m["content"]
+                ],
+            }
+            if isinstance(m["content"], list)
+            else m
+            for m in conv
+        ]
         prompt = render(conv, add_generation_prompt=True, tokenize=False)
         assert out.outputs[0].token_ids == ref.greedy(prompt, [image])
     assert out3.outputs[0].token_ids == ref.greedy(prompt3, [image])
@@ -164,8 +184,7 @@ def test_preemption(ref, imgs):
     # ~275-token prompts take 18 blocks each: two fit in 37 blocks, but their decodes soon
     # need more, so the newer one is preempted and recomputed (positions rebuilt incl. output).
     llm = LLM(MODEL, num_kv_blocks=37, block_size=16, max_model_len=592, max_num_batched_tokens=512)
-    cases = [(chat_prompt(1, f"Question {i}?"), [make_image(10 + i, (640, 360))])
-             for i in range(4)]
+    cases = [(chat_prompt(1, f"Question {i}?"), [make_image(10 + i, (640, 360))]) for i in range(4)]
     check_parity(llm, ref, cases)
     assert llm.get_metrics()["num_preemptions"] > 0
 
@@ -186,6 +205,7 @@ def test_image_over_encoder_budget_is_rejected(imgs):
     llm = LLM(MODEL)
     llm.engine.encoder_budget = 100  # as if the budget were smaller than a 187-embedding image
     with pytest.raises(ValueError, match="187 embeddings"):
-        llm.generate({"prompt": chat_prompt(1), "images": [imgs["portrait"]]}, GREEDY,
-                     use_tqdm=False)
+        llm.generate(
+            {"prompt": chat_prompt(1), "images": [imgs["portrait"]]}, GREEDY, use_tqdm=False
+        )
     assert_no_leaks(llm)

@@ -92,8 +92,12 @@ def test_mrotary_bit_identical_to_transformers(hf_model):
 def _brute_force_max(min_pixels: int, max_pixels: int, samples: int = 20000) -> int:
     rng = random.Random(0)
     sizes = [(k, 200 * k) for k in range(1, 200)]
-    sizes += [(a * 28, b * 28) for a in range(1, 40) for b in range(a, 200 * a)
-              if a * b * 784 <= max_pixels][-3000:]
+    sizes += [
+        (a * 28, b * 28)
+        for a in range(1, 40)
+        for b in range(a, 200 * a)
+        if a * b * 784 <= max_pixels
+    ][-3000:]
     for _ in range(samples):
         h = rng.randint(1, 3000)
         w = max(1, min(200 * h, int(h * math.exp(rng.uniform(0, math.log(200))))))
@@ -111,9 +115,14 @@ def test_max_image_tokens_is_exact(min_pixels, max_pixels):
 
 
 def test_hd_images_with_default_processor_limits():
-    counts = {name: math.prod(smart_resize(h, w, 28, **DEFAULT_LIMITS)) // 784
-              for name, (w, h) in {"720p": (1280, 720), "1080p": (1920, 1080),
-                                   "1440p": (2560, 1440)}.items()}
+    counts = {
+        name: math.prod(smart_resize(h, w, 28, **DEFAULT_LIMITS)) // 784
+        for name, (w, h) in {
+            "720p": (1280, 720),
+            "1080p": (1920, 1080),
+            "1440p": (2560, 1440),
+        }.items()
+    }
     assert counts == {"720p": 1196, "1080p": 1222, "1440p": 1222}
     assert max_image_tokens(ImageLimits(**DEFAULT_LIMITS, patch_size=14, merge_size=2)) == 1280
 
@@ -122,8 +131,9 @@ def test_max_tokens_per_image_reads_checkpoint_and_kwargs(ckpt):
     assert build_model_config(str(ckpt)).max_tokens_per_image == 256  # max_pixels 448*448
     config = build_model_config(str(ckpt), processor_kwargs=DEFAULT_LIMITS)
     assert config.max_tokens_per_image == 1280
-    sized = build_model_config(str(ckpt), processor_kwargs={"size": {
-        "shortest_edge": 3136, "longest_edge": 28 * 28 * 400}})
+    sized = build_model_config(
+        str(ckpt), processor_kwargs={"size": {"shortest_edge": 3136, "longest_edge": 28 * 28 * 400}}
+    )
     assert sized.max_tokens_per_image == 400
     with pytest.raises(ValueError, match="merge_size"):
         build_model_config(str(ckpt), processor_kwargs={"merge_size": 1})
@@ -141,8 +151,10 @@ def test_input_processor_expands_pad_per_image(ckpt):
     from mmserve.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_args(str(ckpt))
-    prompt = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>a"
-              "<|vision_start|><|image_pad|><|vision_end|>b<|im_end|>\n")
+    prompt = (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>a"
+        "<|vision_start|><|image_pad|><|vision_end|>b<|im_end|>\n"
+    )
     out = engine.process_inputs(prompt, [make_image(0, (224, 224)), make_image(1, (480, 320))])
     first, second = out.mm_items
     assert (first.length, second.length) == (64, 187)
@@ -159,9 +171,16 @@ def test_input_processor_expands_pad_per_image(ckpt):
 # ---- presets ------------------------------------------------------------------------------
 def test_preset_layout_and_determinism(ckpt, tmp_path):
     names = sorted(p.name for p in ckpt.iterdir())
-    assert names == ["chat_template.jinja", "config.json", "generation_config.json",
-                     "mmserve_preset.json", "model.safetensors", "preprocessor_config.json",
-                     "tokenizer.json", "tokenizer_config.json"]
+    assert names == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "mmserve_preset.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((ckpt / "config.json").read_text())
     assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
     assert config["image_token_id"] == PAD
@@ -185,10 +204,15 @@ def test_preset_loads_in_transformers_and_renders_chat(ckpt):
         assert tokenizer(token).input_ids == [idx]  # no bos, one id each
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     messages = [
-        {"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:,"}},
-            {"type": "text", "text": "Compare"}, {"type": "image"},
-            {"type": "text", "text": " these."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "data:,"}},
+                {"type": "text", "text": "Compare"},
+                {"type": "image"},
+                {"type": "text", "text": " these."},
+            ],
+        },
         {"role": "assistant", "content": "A cat."},
         {"role": "user", "content": "Why?"},
     ]

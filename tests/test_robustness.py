@@ -37,8 +37,12 @@ def test_failed_step_is_retried_and_leaves_no_stale_prefix_hits(images, monkeypa
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"seed": 2**64}, "seed"), ({"temperature": float("inf")}, "temperature"),
-     ({"temperature": float("nan")}, "temperature"), ({"top_p": float("nan")}, "top_p")],
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+    ],
 )
 def test_out_of_range_sampling_values_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -54,12 +58,18 @@ def test_tiny_temperature_samples_greedily(images):
 
 
 def test_seeded_sampling_survives_preemption(images):
-    prompts = [{"prompt": f"USER: <image>\nQuestion {i}? ASSISTANT:", "images": [images[i]]}
-               for i in range(4)]
-    params = [SamplingParams(temperature=1.0, seed=10 + i, max_tokens=32, ignore_eos=True)
-              for i in range(4)]
-    alone = [LLM("tiny-llava").generate(p, sp, use_tqdm=False)[0].outputs[0].token_ids
-             for p, sp in zip(prompts, params, strict=True)]
+    prompts = [
+        {"prompt": f"USER: <image>\nQuestion {i}? ASSISTANT:", "images": [images[i]]}
+        for i in range(4)
+    ]
+    params = [
+        SamplingParams(temperature=1.0, seed=10 + i, max_tokens=32, ignore_eos=True)
+        for i in range(4)
+    ]
+    alone = [
+        LLM("tiny-llava").generate(p, sp, use_tqdm=False)[0].outputs[0].token_ids
+        for p, sp in zip(prompts, params, strict=True)
+    ]
     squeezed = LLM("tiny-llava", num_kv_blocks=35, max_model_len=560, max_num_batched_tokens=512)
     outs = squeezed.generate(prompts, params, use_tqdm=False)
     assert squeezed.get_metrics()["num_preemptions"] > 0

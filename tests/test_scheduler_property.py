@@ -28,7 +28,8 @@ def check_invariants(sched, out, encoded_before: set[str]) -> None:
     assert out.total_num_scheduled_tokens <= sched.max_num_batched_tokens
     assert all(n >= 1 for n in out.num_scheduled_tokens.values())
     encoded = [
-        sched.requests[r].mm_items[i] for r, idx in out.scheduled_encoder_inputs.items()
+        sched.requests[r].mm_items[i]
+        for r, idx in out.scheduled_encoder_inputs.items()
         for i in idx
     ]
     assert sum(item.length for item in encoded) <= sched.encoder_compute_budget
@@ -54,7 +55,8 @@ def step(sched) -> None:
     out = sched.schedule()
     check_invariants(sched, out, encoded_before - set(out.freed_encoder_keys))
     sampled = {
-        r: 11 for r in out.num_scheduled_tokens
+        r: 11
+        for r in out.num_scheduled_tokens
         if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens
     }
     sched.update(out, ModelRunnerOutput(sampled_token_ids=sampled))
@@ -77,8 +79,13 @@ def test_random_workloads_keep_invariants_and_free_everything(
     actions, budget, num_blocks, max_num_seqs, prefix_caching
 ):
     sched = make_scheduler(
-        num_blocks=num_blocks, block_size=4, budget=budget, max_num_seqs=max_num_seqs,
-        encoder_budget=40, encoder_capacity=64, prefix_caching=prefix_caching,
+        num_blocks=num_blocks,
+        block_size=4,
+        budget=budget,
+        max_num_seqs=max_num_seqs,
+        encoder_budget=40,
+        encoder_capacity=64,
+        prefix_caching=prefix_caching,
     )
     ids = 0
     for act in actions:

@@ -59,8 +59,13 @@ def _messages() -> list[dict]:
 
 def test_layout_and_config(ckpt: Path) -> None:
     for name in (
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-        "tokenizer_config.json", "chat_template.jinja", "preprocessor_config.json",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "preprocessor_config.json",
         "processor_config.json",
     ):
         assert (ckpt / name).is_file(), name
@@ -94,10 +99,13 @@ def test_greedy_generation_is_varied(ckpt: Path) -> None:
     pixel_values = image_processor(_image(), return_tensors="pt").pixel_values
     assert pixel_values.shape == (1, 3, 64, 64)
     out = model.generate(
-        input_ids=enc.input_ids, attention_mask=enc.attention_mask, pixel_values=pixel_values,
-        max_new_tokens=32, do_sample=False,
+        input_ids=enc.input_ids,
+        attention_mask=enc.attention_mask,
+        pixel_values=pixel_values,
+        max_new_tokens=32,
+        do_sample=False,
     )
-    new_tokens = out[0, enc.input_ids.shape[1]:].tolist()
+    new_tokens = out[0, enc.input_ids.shape[1] :].tolist()
     assert len(new_tokens) == 32
     assert len(set(new_tokens)) >= 4, new_tokens
 
@@ -179,9 +187,7 @@ def test_unknown_names_raise() -> None:
         build_preset("bogus", "/nonexistent/never-created")
 
 
-def test_resolve_builds_once_and_caches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resolve_builds_once_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MMSERVE_CACHE_DIR", str(tmp_path))
     first = resolve_model_path(PRESET)
     assert first == tmp_path / "models" / f"{PRESET}-v{BUILD_VERSION}"
@@ -219,6 +225,9 @@ def test_resolve_tolerates_concurrent_builder(
 
 def test_public_api() -> None:
     assert PRESET_NAMES == (
-        "tiny-llava", "tiny-llava-small", "tiny-qwen2-vl", "tiny-qwen2-vl-small"
+        "tiny-llava",
+        "tiny-llava-small",
+        "tiny-qwen2-vl",
+        "tiny-qwen2-vl-small",
     )
     assert set(tiny.__all__) >= {"PRESET_NAMES", "build_preset", "resolve_model_path"}

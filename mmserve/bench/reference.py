@@ -32,7 +32,9 @@ class HFInputs:
 
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, **kwargs)
-            self.pad_id = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+            pad_id = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+            assert isinstance(pad_id, int)
+            self.pad_id = pad_id
             self.processor = None
         else:
             self.processor = AutoProcessor.from_pretrained(path, **kwargs)
@@ -53,7 +55,7 @@ class HFInputs:
         return {
             "input_ids": input_ids,
             "attention_mask": torch.ones_like(input_ids),
-            "mm_token_type_ids": (input_ids == self.pad_id).int(),
+            "mm_token_type_ids": torch.eq(input_ids, self.pad_id).int(),
             **kwargs,
         }
 
@@ -116,7 +118,10 @@ class HFReference:
         timer = FirstTokenTimer(clock)
         with torch.inference_mode():
             out = self.model.generate(
-                **inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=timer,
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                streamer=timer,
                 generation_config=self.gen_config,
             )
         return out[0, inputs["input_ids"].shape[1] :].tolist(), timer.first_token_time

@@ -31,10 +31,21 @@ def _git_commit() -> str | None:
     """HEAD of the mmserve checkout (+ "-dirty" with local changes), None outside git."""
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                              capture_output=True, timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, text=True, capture_output=True, timeout=5).stdout
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=5,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("-dirty" if dirty.strip() else "")
@@ -42,6 +53,7 @@ def _git_commit() -> str | None:
 
 def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A GitHub markdown table; floats with 4 significant digits, missing cells empty."""
+
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"

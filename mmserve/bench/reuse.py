@@ -87,7 +87,8 @@ def run_mmserve(llm: LLM, requests: list[dict], max_tokens: int, arrival: str) -
     delta = {k: m[k] - before[k] for k in m}
     lookups = delta["encoder_cache_hits"] + delta["encoder_cache_misses"]
     return {
-        "wall_s": wall, "ttfts": ttfts,
+        "wall_s": wall,
+        "ttfts": ttfts,
         "outputs": [o.outputs[0].token_ids for o in outs],
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
         "cached_tokens": sum(o.num_cached_tokens for o in outs),
@@ -103,7 +104,8 @@ def preprocess_seconds(llm: LLM, work: Workload, samples: int = 3) -> float:
     """Admission cost of a new image (decode-free: PIL in; hash + HF preprocessing) minus that
     of an image the admission memo has seen: per-distinct-image work besides the encoder."""
     prompt = work.prompt(warmup_specs(1)[0])
-    fresh, seen = [], []
+    fresh: list[float] = []
+    seen: list[float] = []
     for i in range(samples):
         image = synthetic_image(WARMUP_RUN * RUN_STRIDE + 1000 + i, work.resolution)
         for times in (fresh, seen):
@@ -114,8 +116,12 @@ def preprocess_seconds(llm: LLM, work: Workload, samples: int = 3) -> float:
 
 
 def engine_runs(
-    engine: str, args: argparse.Namespace, work: Workload, runs: list[list[Spec]],
-    pkw: dict[str, Any], python: str | None,
+    engine: str,
+    args: argparse.Namespace,
+    work: Workload,
+    runs: list[list[Spec]],
+    pkw: dict[str, Any],
+    python: str | None,
 ) -> list[dict[str, Any]]:
     """Each run on a fresh engine (warmed up on other images), engines one after another."""
     warm = work.requests(warmup_specs())
@@ -126,15 +132,20 @@ def engine_runs(
             files = ImageDir(Path(tmp), args.resolution)
 
             def as_files(specs: list[Spec]) -> list[dict]:
-                return [{"prompt": work.prompt(s), "image": files.path(s.image_seed)}
-                        for s in specs]
+                return [
+                    {"prompt": work.prompt(s), "image": files.path(s.image_seed)} for s in specs
+                ]
 
             results = []
             for specs in tqdm(runs, desc="vllm runs"):
-                payload = {"kind": "requests", "max_tokens": args.max_tokens,
-                           "arrival": args.arrival, "warmup": as_files(warmup_specs()),
-                           "engine_args": engine_args(model_max_len(args.model), 1, pkw),
-                           "runs": [as_files(specs)]}
+                payload = {
+                    "kind": "requests",
+                    "max_tokens": args.max_tokens,
+                    "arrival": args.arrival,
+                    "warmup": as_files(warmup_specs()),
+                    "engine_args": engine_args(model_max_len(args.model), 1, pkw),
+                    "runs": [as_files(specs)],
+                }
                 results += run_worker(python, args.model, payload, args.threads)["runs"]
             return results
     if engine == "transformers":
@@ -144,8 +155,9 @@ def engine_runs(
         results = []
         for specs in tqdm(runs, desc="transformers runs"):
             ref.encoder_seconds = 0.0
-            results.append(run_transformers(ref, work.requests(specs), args.max_tokens,
-                                            args.arrival))
+            results.append(
+                run_transformers(ref, work.requests(specs), args.max_tokens, args.arrival)
+            )
         return results
     if engine not in MODES:
         raise SystemExit(f"unknown engine {engine!r}: {', '.join(ENGINES)}")
@@ -163,14 +175,21 @@ def engine_runs(
 def row(engine: str, results: list[dict[str, Any]], num_requests: int) -> dict[str, Any]:
     """Median over repeats of every scalar; TTFT percentiles of the median-wall repeat."""
     mid = sorted(results, key=lambda r: r["wall_s"])[len(results) // 2]
-    out: dict[str, Any] = {"engine": engine, "wall_s": statistics.median(
-        r["wall_s"] for r in results)}
+    out: dict[str, Any] = {
+        "engine": engine,
+        "wall_s": statistics.median(r["wall_s"] for r in results),
+    }
     out["req_per_s"] = num_requests / out["wall_s"]
     out["out_tok_per_s"] = sum(len(t) for t in mid["outputs"]) / out["wall_s"]
     out.update(latency_summary(mid["ttfts"], "ttft"))
     out["cached_token_frac"] = mid["cached_tokens"] / max(mid["prompt_tokens"], 1)
-    for key in ("prefix_hit_rate", "encoder_hit_rate", "images_encoded",
-                "embeddings_computed", "encoder_s"):
+    for key in (
+        "prefix_hit_rate",
+        "encoder_hit_rate",
+        "images_encoded",
+        "embeddings_computed",
+        "encoder_s",
+    ):
         if key in mid:
             out[key] = statistics.median(r[key] for r in results)
     out["walls"] = [r["wall_s"] for r in results]
@@ -188,38 +207,65 @@ def encode_once(results: dict[str, list[dict]], distinct: int) -> dict[str, Any]
     for run, floor in zip(results[ref][0::2], results[ref][1::2], strict=True):
         per_image = run["encoder_s"] / max(run["images_encoded"], 1)
         prep = run["preprocess_per_image_s"]
-        limits.append((floor["wall_s"], per_image, prep,
-                       floor["wall_s"] + (distinct - 1) * per_image,
-                       floor["wall_s"] + (distinct - 1) * (per_image + prep)))
+        limits.append(
+            (
+                floor["wall_s"],
+                per_image,
+                prep,
+                floor["wall_s"] + (distinct - 1) * per_image,
+                floor["wall_s"] + (distinct - 1) * (per_image + prep),
+            )
+        )
 
     def ratios(k: int) -> dict[str, float]:
-        return {engine: statistics.median(r["wall_s"] / lim[k] for r, lim in
-                                          zip(res[0::2], limits, strict=True))
-                for engine, res in results.items()}
+        return {
+            engine: statistics.median(
+                r["wall_s"] / lim[k] for r, lim in zip(res[0::2], limits, strict=True)
+            )
+            for engine, res in results.items()
+        }
 
     floor_s, per_image_s, prep_s, limit_s, limit_prep_s = (
-        statistics.median(x) for x in zip(*limits, strict=True))
-    return {"reference": ref, "floor_s": floor_s, "per_image_s": per_image_s,
-            "preprocess_per_image_s": prep_s, "limit_s": limit_s, "wall_over_limit": ratios(3),
-            "limit_incl_preprocess_s": limit_prep_s, "wall_over_limit_incl_prep": ratios(4)}
+        statistics.median(x) for x in zip(*limits, strict=True)
+    )
+    return {
+        "reference": ref,
+        "floor_s": floor_s,
+        "per_image_s": per_image_s,
+        "preprocess_per_image_s": prep_s,
+        "limit_s": limit_s,
+        "wall_over_limit": ratios(3),
+        "limit_incl_preprocess_s": limit_prep_s,
+        "wall_over_limit_incl_prep": ratios(4),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmserve bench reuse", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mmserve bench reuse",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default="tiny-llava-small")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--reuse", type=float, default=0.3, help="fraction of repeats (0..1)")
     parser.add_argument("--order", choices=["grouped", "shuffled"], default="grouped")
-    parser.add_argument("--zipf", action="store_true",
-                        help="own prefix per request, images Zipf-drawn from --distinct")
+    parser.add_argument(
+        "--zipf",
+        action="store_true",
+        help="own prefix per request, images Zipf-drawn from --distinct",
+    )
     parser.add_argument("--distinct", type=int, default=32, help="D, the --zipf image pool")
     parser.add_argument("--exponent", type=float, default=1.1, help="--zipf exponent")
     parser.add_argument("--arrival", choices=["all", "sequential"], default="all")
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--engines", default=None, help=f"comma list of {', '.join(ENGINES)} "
-                        "(default: the mmserve modes + transformers [+ vllm if available])")
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help=f"comma list of {', '.join(ENGINES)} "
+        "(default: the mmserve modes + transformers [+ vllm if available])",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="fresh-engine runs; medians")
     parser.add_argument("--max-pixels", type=int, default=None, help="Qwen2-VL pixel cap")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -243,15 +289,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         name = f"reuse_{Path(args.model).name}_zipf_D{args.distinct}_{args.arrival}"
     else:
         runs = [reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed)]
-        name = (f"reuse_{Path(args.model).name}_{round(args.reuse * 100)}pct_{args.order}_"
-                f"{args.arrival}")
+        name = (
+            f"reuse_{Path(args.model).name}_{round(args.reuse * 100)}pct_{args.order}_"
+            f"{args.arrival}"
+        )
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for rep in tqdm(range(args.repeats), desc="repeats"):
         # interleaved, engines rotated and the (D, floor) pair flipped per repeat, so drift and
         # position effects hit every engine and both runs of a pair alike
         flip = rep % 2 == 1
-        for engine in tqdm(engines[rep % len(engines):] + engines[:rep % len(engines)],
-                           desc="engines", leave=False):
+        for engine in tqdm(
+            engines[rep % len(engines) :] + engines[: rep % len(engines)],
+            desc="engines",
+            leave=False,
+        ):
             done = engine_runs(engine, args, work, runs[::-1] if flip else runs, pkw, python)
             results[engine] += done[::-1] if flip else done
     rows, floors = [], []
@@ -265,10 +316,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["throughput_ratio"] = r["req_per_s"] / rows[0]["req_per_s"]
         r["identical_outputs"] = r.pop("outputs") == first
     same = all(r["identical_outputs"] for r in rows)
-    columns = ["engine", "wall_s", "req_per_s", "throughput_ratio", "ttft_mean_s", "ttft_p50_s",
-               "ttft_p99_s", "cached_token_frac", "prefix_hit_rate", "encoder_hit_rate",
-               "images_encoded",
-               "encoder_s", "identical_outputs"]
+    columns = [
+        "engine",
+        "wall_s",
+        "req_per_s",
+        "throughput_ratio",
+        "ttft_mean_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "cached_token_frac",
+        "prefix_hit_rate",
+        "encoder_hit_rate",
+        "images_encoded",
+        "encoder_s",
+        "identical_outputs",
+    ]
     d = distinct_images(runs[0])
     limit = encode_once(results, d) if args.zipf else {}
     if args.zipf:
@@ -277,24 +339,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for key in ("wall_over_limit", "wall_over_limit_incl_prep"):
                 r[key] = limit.get(key, {}).get(r["engine"], "n/a")
         columns[1:1] = ["own_floor_s", "wall_over_limit", "wall_over_limit_incl_prep"]
-        print(f"\nzipf: D={args.distinct} ({d} drawn), exponent {args.exponent}; encode-once "
-              f"limit ({limit.get('reference')}) = floor {limit.get('floor_s', 0):.3f} s + "
-              f"{d - 1} x {limit.get('per_image_s', 0) * 1000:.1f} ms = "
-              f"{limit.get('limit_s', 0):.3f} s; + {d - 1} x "
-              f"{limit.get('preprocess_per_image_s', 0) * 1000:.1f} ms preprocessing = "
-              f"{limit.get('limit_incl_preprocess_s', 0):.3f} s")
-    print(f"\nreuse: {args.model}, {args.requests} requests, {name}, {args.resolution}, "
-          f"{args.max_tokens} tokens, {args.threads} threads, {args.repeats} repeat(s)")
+        print(
+            f"\nzipf: D={args.distinct} ({d} drawn), exponent {args.exponent}; encode-once "
+            f"limit ({limit.get('reference')}) = floor {limit.get('floor_s', 0):.3f} s + "
+            f"{d - 1} x {limit.get('per_image_s', 0) * 1000:.1f} ms = "
+            f"{limit.get('limit_s', 0):.3f} s; + {d - 1} x "
+            f"{limit.get('preprocess_per_image_s', 0) * 1000:.1f} ms preprocessing = "
+            f"{limit.get('limit_incl_preprocess_s', 0):.3f} s"
+        )
+    print(
+        f"\nreuse: {args.model}, {args.requests} requests, {name}, {args.resolution}, "
+        f"{args.max_tokens} tokens, {args.threads} threads, {args.repeats} repeat(s)"
+    )
     print(markdown_table(rows, columns))
     print(f"identical outputs across engines: {same}")
-    path = save(name, args.out, {"args": vars(args), "processor_kwargs": pkw,
-                                 "distinct_images": d, "rows": rows, "floors": floors,
-                                 "encode_once": limit,
-                                 "identical_outputs": same})
-    plot_lines(path.with_suffix(".png"), f"reuse TTFT percentiles ({args.model}, {name})",
-               "percentile", "TTFT (s)",
-               {r["engine"]: ([50, 90, 99], [r["ttft_p50_s"], r["ttft_p90_s"], r["ttft_p99_s"]])
-                for r in rows})
+    path = save(
+        name,
+        args.out,
+        {
+            "args": vars(args),
+            "processor_kwargs": pkw,
+            "distinct_images": d,
+            "rows": rows,
+            "floors": floors,
+            "encode_once": limit,
+            "identical_outputs": same,
+        },
+    )
+    plot_lines(
+        path.with_suffix(".png"),
+        f"reuse TTFT percentiles ({args.model}, {name})",
+        "percentile",
+        "TTFT (s)",
+        {
+            r["engine"]: ([50, 90, 99], [r["ttft_p50_s"], r["ttft_p90_s"], r["ttft_p99_s"]])
+            for r in rows
+        },
+    )
     print(f"results: {path}")
     return {"rows": rows, "identical": same, "path": str(path)}
 

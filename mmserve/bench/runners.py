@@ -84,7 +84,7 @@ class MmserveRunner:
         return TurnResult(
             ttft_s=final.metrics["first_token_time"] - start,
             encoder_s=after["encoder_seconds"] - before["encoder_seconds"],
-            images_encoded=after["encoder_images_encoded"] - before["encoder_images_encoded"],
+            images_encoded=int(after["encoder_images_encoded"] - before["encoder_images_encoded"]),
             prompt_tokens=len(final.prompt_token_ids),
             cached_tokens=final.num_cached_tokens,
             answer=final.outputs[0].text,
@@ -118,12 +118,13 @@ class TransformersRunner:
         inputs = self.ref.inputs(prompt, pil)
         self.ref.encoder_seconds = 0.0
         ids, first = self.ref.generate(inputs, answer_tokens, time.monotonic)
-        answer = self.ref.tokenizer.decode(ids, skip_special_tokens=True)
+        answer = str(self.ref.tokenizer.decode(ids, skip_special_tokens=True))
         n = int(inputs["input_ids"].shape[1])
         ttft = (first if first is not None else time.monotonic()) - start
         image_tokens = int((inputs["input_ids"] == self.image_token_id).sum())
-        return TurnResult(ttft, self.ref.encoder_seconds, len(pil), n, 0, answer, ids,
-                          image_tokens, image_tokens)
+        return TurnResult(
+            ttft, self.ref.encoder_seconds, len(pil), n, 0, answer, ids, image_tokens, image_tokens
+        )
 
 
 def make_runner(kind: str, model: str, **engine_args: Any) -> MmserveRunner | TransformersRunner:
@@ -150,6 +151,12 @@ def run_transformers(
         outs.append(ids)
         ttfts.append((first or time.monotonic()) - start)
         prompt_tokens += int(inputs["input_ids"].shape[1])
-    return {"wall_s": time.monotonic() - t0, "ttfts": ttfts, "outputs": outs,
-            "prompt_tokens": prompt_tokens, "cached_tokens": 0,
-            "images_encoded": len(requests), "encoder_s": ref.encoder_seconds}
+    return {
+        "wall_s": time.monotonic() - t0,
+        "ttfts": ttfts,
+        "outputs": outs,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": 0,
+        "images_encoded": len(requests),
+        "encoder_s": ref.encoder_seconds,
+    }

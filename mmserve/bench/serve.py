@@ -83,8 +83,9 @@ async def run_client(
     urls = {s.image_seed: png_data_url(s.image_seed, args.resolution) for s in specs}
     timeout = httpx.Timeout(args.request_timeout)
     limits = httpx.Limits(max_connections=args.concurrency)
-    async with httpx.AsyncClient(base_url=args.base_url, timeout=timeout, limits=limits,
-                                 transport=transport) as client:
+    async with httpx.AsyncClient(
+        base_url=args.base_url, timeout=timeout, limits=limits, transport=transport
+    ) as client:
         model = args.served_model or await served_model(client)
         before = await scrape_metrics(client, args.base_url)
         queue = list(specs)
@@ -96,9 +97,15 @@ async def run_client(
             while queue and time.perf_counter() - t0 < args.duration:
                 spec = queue.pop(0)
                 part = {"type": "image_url", "image_url": {"url": urls[spec.image_seed]}}
-                body = {"model": model, "messages": spec.messages(part), "stream": True,
-                        "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
-                        "stream_options": {"include_usage": True}}
+                body = {
+                    "model": model,
+                    "messages": spec.messages(part),
+                    "stream": True,
+                    "max_tokens": args.max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream_options": {"include_usage": True},
+                }
                 results.append({"index": spec.index, **await stream_chat(client, body)})
                 bar.update(1)
 
@@ -140,6 +147,7 @@ async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> dict[str, 
 
 def cache_rates(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Prefix / encoder hit rates and images encoded over the run (mmserve's counters)."""
+
     def d(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
@@ -158,8 +166,11 @@ def summarize(results: list[dict[str, Any]], wall: float, concurrency: int) -> d
     ok = [r for r in results if r["error"] is None and r["ttft_s"] is not None]
     tokens = sum(r["completion_tokens"] for r in ok)
     row: dict[str, Any] = {
-        "concurrency": concurrency, "requests": len(results), "failed": len(results) - len(ok),
-        "wall_s": wall, "req_per_s": len(ok) / wall if wall else 0.0,
+        "concurrency": concurrency,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "wall_s": wall,
+        "req_per_s": len(ok) / wall if wall else 0.0,
         "out_tok_per_s": tokens / wall if wall else 0.0,
     }
     row.update(latency_summary([r["ttft_s"] for r in ok], "ttft"))
@@ -169,14 +180,21 @@ def summarize(results: list[dict[str, Any]], wall: float, concurrency: int) -> d
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmserve bench serve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mmserve bench serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--served-model", default=None, help="default: first of GET /models")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--duration", type=float, default=300.0,
-                        help="stop launching requests after this many seconds")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=300.0,
+        help="stop launching requests after this many seconds",
+    )
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--reuse", type=float, default=0.3)
     parser.add_argument("--order", choices=["grouped", "shuffled"], default="shuffled")
@@ -202,20 +220,27 @@ def main(
         specs = reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed, run)
     results, wall, rates = asyncio.run(run_client(specs, args, transport))
     row = {**summarize(results, wall, args.concurrency), **rates}
-    print(f"\nserve: {args.base_url}, run {run}, {len(results)} requests "
-          f"({'zipf' if args.zipf else f'{args.reuse:.0%} reuse'}), {args.resolution}")
+    print(
+        f"\nserve: {args.base_url}, run {run}, {len(results)} requests "
+        f"({'zipf' if args.zipf else f'{args.reuse:.0%} reuse'}), {args.resolution}"
+    )
     print(markdown_table([row], list(row)))
     errors = [r["error"] for r in results if r["error"]]
     if errors:
         print(f"{len(errors)} failed, first: {errors[0]}")
     kind = f"zipf_D{args.distinct}" if args.zipf else f"{round(args.reuse * 100)}pct_{args.order}"
     name = f"serve_c{args.concurrency}_{kind}"
-    path = save(name, args.out, {"args": vars(args), "run": run, "summary": row,
-                                 "results": results})
+    path = save(
+        name, args.out, {"args": vars(args), "run": run, "summary": row, "results": results}
+    )
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
-    plot_lines(path.with_suffix(".png"), f"serve TTFT CDF (concurrency {args.concurrency})",
-               "TTFT (s)", "fraction of requests",
-               {"ttft": (ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))])})
+    plot_lines(
+        path.with_suffix(".png"),
+        f"serve TTFT CDF (concurrency {args.concurrency})",
+        "TTFT (s)",
+        "fraction of requests",
+        {"ttft": (ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))])},
+    )
     print(f"results: {path}")
     return {"summary": row, "results": results, "path": str(path)}
 

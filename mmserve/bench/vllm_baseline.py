@@ -69,18 +69,24 @@ def run_worker(
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
         src.write_text(json.dumps({"model": str(resolve_model_path(model)), **payload}))
         env = dict(os.environ)
-        env.update({
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_CPU_KVCACHE_SPACE": "2",
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind" if threads else "auto",
-            "TOKENIZERS_PARALLELISM": "false",
-        })
+        env.update(
+            {
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_CPU_KVCACHE_SPACE": "2",
+                "OMP_NUM_THREADS": str(threads),
+                "MKL_NUM_THREADS": str(threads),
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind" if threads else "auto",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
+        )
         env.pop("PYTHONPATH", None)
         proc = subprocess.run(
-            [python, str(WORKER), str(src), str(dst)], env=env, timeout=timeout_s,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [python, str(WORKER), str(src), str(dst)],
+            env=env,
+            timeout=timeout_s,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         if proc.returncode != 0 or not dst.exists():
             tail = "\n".join(proc.stdout.splitlines()[-30:])

@@ -68,19 +68,25 @@ def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list
     for n, turn in enumerate(turns):
         start = time.monotonic()
         images.append(Image.open(turn["image"]).convert("RGB"))
-        conv.append({"role": "user", "content": [{"type": "image"},
-                                                 {"type": "text", "text": turn["text"]}]})
+        conv.append(
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turn["text"]}]}
+        )
         text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
         prompt = {"prompt": text, "multi_modal_data": {"image": list(images)}}
         first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
         out = done[f"{tag}-{n}"]
         answer = out.outputs[0].text
         conv.append({"role": "assistant", "content": answer})
-        rows.append({
-            "turn": n + 1, "ttft_s": first[f"{tag}-{n}"] - start,
-            "prompt_tokens": len(out.prompt_token_ids), "cached_tokens": out.num_cached_tokens or 0,
-            "answer": answer, "token_ids": list(out.outputs[0].token_ids),
-        })
+        rows.append(
+            {
+                "turn": n + 1,
+                "ttft_s": first[f"{tag}-{n}"] - start,
+                "prompt_tokens": len(out.prompt_token_ids),
+                "cached_tokens": out.num_cached_tokens or 0,
+                "answer": answer,
+                "token_ids": list(out.outputs[0].token_ids),
+            }
+        )
     return rows
 
 
@@ -92,8 +98,10 @@ def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag:
     for r in requests:
         if r["image"] not in loaded:
             loaded[r["image"]] = Image.open(r["image"]).convert("RGB")
-    prompts = [{"prompt": r["prompt"], "multi_modal_data": {"image": [loaded[r["image"]]]}}
-               for r in requests]
+    prompts = [
+        {"prompt": r["prompt"], "multi_modal_data": {"image": [loaded[r["image"]]]}}
+        for r in requests
+    ]
     ids = [f"{tag}-{i}" for i in range(len(requests))]
     t0 = time.monotonic()
     ttfts, outs = [], []
@@ -109,7 +117,8 @@ def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag:
             outs.append(done[i])
     wall = time.monotonic() - t0
     return {
-        "wall_s": wall, "ttfts": ttfts,
+        "wall_s": wall,
+        "ttfts": ttfts,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
         "cached_tokens": sum(o.num_cached_tokens or 0 for o in outs),
@@ -123,12 +132,15 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = compatible_checkpoint(cfg["model"], Path(tmp))
         start = time.monotonic()
-        llm = LLM(model=model, enforce_eager=True, dtype="float32", seed=0,
-                  **cfg.get("engine_args", {}))
+        llm = LLM(
+            model=model, enforce_eager=True, dtype="float32", seed=0, **cfg.get("engine_args", {})
+        )
         import torch
 
-        result: dict[str, Any] = {"engine_start_s": time.monotonic() - start,
-                                  "torch_threads": torch.get_num_threads()}
+        result: dict[str, Any] = {
+            "engine_start_s": time.monotonic() - start,
+            "torch_threads": torch.get_num_threads(),
+        }
         params = SamplingParams(temperature=0, max_tokens=cfg["max_tokens"], ignore_eos=True)
         warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
         if cfg["kind"] == "multiturn":

@@ -32,9 +32,11 @@ class Spec:
         return self.run * RUN_STRIDE + self.image
 
     def system(self) -> str:
-        return (f"Session {self.run}-{self.prefix}: you are looking at a photo taken near "
-                f"{TOPICS[self.prefix % len(TOPICS)]}. Answer briefly and precisely about the "
-                "shapes, colors and text you see.")
+        return (
+            f"Session {self.run}-{self.prefix}: you are looking at a photo taken near "
+            f"{TOPICS[self.prefix % len(TOPICS)]}. Answer briefly and precisely about the "
+            "shapes, colors and text you see."
+        )
 
     def question(self) -> str:
         return f"Question {self.index}: what stands out?"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mmserve.core.block_hash import BlockHasher
 from mmserve.core.block_pool import BlockPool, KVBlock
 from mmserve.request import Request
@@ -76,7 +78,7 @@ class KVCacheManager:
         self.prefix_cache_hits += num_hit
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, computed_blocks: list[KVBlock] = ()
+        self, request: Request, num_new_tokens: int, computed_blocks: Sequence[KVBlock] = ()
     ) -> list[int] | None:
         """Reserve slots for ``num_new_tokens`` after ``request.num_computed_tokens`` (which
         already counts ``computed_blocks``, the prefix hit being attached). Returns the ids of the

@@ -104,9 +104,10 @@ async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
         raise
     for task in pending:
         task.cancel()
-    errors = [t.exception() for t in tasks if t in done and t.exception() is not None]
-    if errors:
-        raise errors[0]
+    for task in tasks:
+        error = task.exception() if task in done else None
+        if error is not None:
+            raise error
     return [task.result() for task in tasks]
 
 

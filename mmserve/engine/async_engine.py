@@ -266,7 +266,7 @@ class AsyncLLMEngine:
             stream = _Stream(asyncio.get_running_loop())
             text = prompt if isinstance(prompt, str) else None
             self._submit(_Add(request_id, processed, params or SamplingParams(), text, stream))
-            while True:
+            while stream is not None:
                 out = await stream.get()
                 timer.on_output(len(out.outputs[0].token_ids))
                 if out.finished:

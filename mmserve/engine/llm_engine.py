@@ -20,6 +20,7 @@ from mmserve.engine.loading import (
     load_image_processor,
     load_model,
     load_tokenizer,
+    torch_dtype,
 )
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
@@ -76,7 +77,7 @@ class LLMEngine:
             cc.block_size,
             self.model.num_kv_heads,
             self.model.head_dim,
-            self.model.lm_head.weight.dtype,
+            torch_dtype(mc.dtype),
             self.device,
         )
         self.scheduler = Scheduler(
@@ -87,9 +88,7 @@ class LLMEngine:
                 cc.prefix_caching_hash_algo,
                 cc.prefix_caching_seed,
             ),
-            EncoderCacheManager(
-                capacity, mc.hidden_size * mc.dtype_bytes, cc.enable_encoder_cache
-            ),
+            EncoderCacheManager(capacity, mc.hidden_size * mc.dtype_bytes, cc.enable_encoder_cache),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
             encoder_compute_budget=self.encoder_budget,

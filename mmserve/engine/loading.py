@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
 from mmserve.config import ModelConfig
+from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
 
@@ -83,18 +84,21 @@ def load_image_processor(path: Path, processor_kwargs: dict[str, Any]) -> Any:
     return cls.from_pretrained(path, **processor_kwargs)
 
 
-def load_model(model_config: ModelConfig, device: torch.device) -> torch.nn.Module:
+def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguageModel:
     _, model_cls = resolve_architecture(model_config.hf_config)
     with torch.device("meta"):
-        model = model_cls(model_config.hf_config)
-    model = model.to_empty(device=device).to(torch_dtype(model_config.dtype))
-    _reinit_buffers(model, device)
+        module = cast(torch.nn.Module, model_cls(model_config.hf_config))  # type: ignore[call-arg]
+    module = module.to_empty(device=device).to(torch_dtype(model_config.dtype))
+    _reinit_buffers(module, device)
+    model = cast(VisionLanguageModel, module)
     model.load_weights(model_config.path)
-    return model.eval()
+    model.eval()
+    return model
 
 
 def _reinit_buffers(model: torch.nn.Module, device: torch.device) -> None:
     """Non-persistent buffers are not in the checkpoint: rebuild them on the real device."""
+    module: Any
     for module in model.modules():
         if hasattr(module, "inv_freq"):
             dim = module.inv_freq.numel() * 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm import tqdm
 
@@ -47,7 +47,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        conversations = cast(
+            list[list[dict[str, Any]]],
+            messages if messages and isinstance(messages[0], list) else [messages],
+        )
         inputs = []
         for conversation in conversations:
             conv, images, uuids = parse_chat_messages(conversation)
@@ -66,7 +69,7 @@ class LLM:
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
         processed = [self.engine.process_inputs(*inp) for inp in inputs]  # validate all first
-        order = {}
+        order: dict[str, int] = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
             text = inp[0] if isinstance(inp[0], str) else None
             req_id = self.engine.add_processed(proc, params, prompt_text=text, cache_salt=inp[3])

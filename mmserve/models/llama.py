@@ -6,6 +6,8 @@ same decoder with q/k/v biases.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
@@ -27,6 +29,8 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """Default RoPE: cos/sin per position computed in float32 exactly as HF does."""
+
+    inv_freq: torch.Tensor
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
@@ -131,7 +135,8 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if rotary_emb is None:
-            rotary_emb = RotaryEmbedding(self.layers[0].self_attn.head_dim, rope_theta(cfg))
+            first = cast(DecoderLayer, self.layers[0])
+            rotary_emb = RotaryEmbedding(first.self_attn.head_dim, rope_theta(cfg))
         self.rotary_emb = rotary_emb
 
     def forward(
@@ -155,9 +160,13 @@ class LlamaLMHeadMixin:
 
     language_model: LlamaModel
     lm_head: nn.Linear
+    uses_mrope = False
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
 
-    def _set_kv_geometry(self, text_config) -> None:
-        attn = self.language_model.layers[0].self_attn
+    def _set_kv_geometry(self, text_config: Any) -> None:
+        attn = cast(DecoderLayer, self.language_model.layers[0]).self_attn
         self.num_layers = text_config.num_hidden_layers
         self.num_kv_heads = attn.num_kv_heads
         self.head_dim = attn.head_dim
@@ -177,3 +186,6 @@ class LlamaLMHeadMixin:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def mrope_positions(self, num_tokens: int, mm_items: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not use M-RoPE")

@@ -63,9 +63,7 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         return patches + (1 if hf_config.vision_feature_select_strategy == "full" else 0)
 
     def load_weights(self, checkpoint_dir) -> None:
-        load_safetensors(
-            self, checkpoint_dir, LLAVA_RENAME_RULES, self.tied_weights(self.config)
-        )
+        load_safetensors(self, checkpoint_dir, LLAVA_RENAME_RULES, self.tied_weights(self.config))
 
     def encode_images(self, pixel_values: list[Any]) -> list[torch.Tensor]:
         """One batched vision pass; returns [num_embeddings, hidden] per image."""

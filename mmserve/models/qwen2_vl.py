@@ -57,8 +57,10 @@ def image_limits(hf_config: Any, processor_kwargs: dict | None = None) -> ImageL
     else:
         proc = Qwen2VLImageProcessorPil(**kwargs)
     limits = ImageLimits(
-        int(proc.size["shortest_edge"]), int(proc.size["longest_edge"]),
-        int(proc.patch_size), int(proc.merge_size),
+        int(proc.size["shortest_edge"]),
+        int(proc.size["longest_edge"]),
+        int(proc.patch_size),
+        int(proc.merge_size),
     )
     vision = hf_config.vision_config
     if (limits.patch_size, limits.merge_size) != (vision.patch_size, vision.spatial_merge_size):
@@ -139,7 +141,7 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             self, checkpoint_dir, QWEN2_VL_RENAME_RULES, self.tied_weights(self.config)
         )
         # The vision rotary table is a non-persistent buffer (garbage after meta init).
-        rotary = self.visual.rotary_pos_emb
+        rotary: Any = self.visual.rotary_pos_emb
         inv_freq, _ = rotary.compute_axial_rope_parameters(self.config.vision_config)
         rotary.inv_freq = inv_freq.to(self.lm_head.weight.device)
         rotary.original_inv_freq = rotary.inv_freq.clone()

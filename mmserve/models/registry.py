@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 
-MODEL_REGISTRY: dict[str, type] = {
+MODEL_REGISTRY: dict[str, type[VisionLanguageModel]] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
 }
 
 
-def resolve_architecture(hf_config: Any) -> tuple[str, type]:
+def resolve_architecture(hf_config: Any) -> tuple[str, type[VisionLanguageModel]]:
+    """The first of the config's ``architectures`` mmserve implements, or a ValueError listing
+    the supported ones."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     for arch in archs:
         if arch in MODEL_REGISTRY:
             return arch, MODEL_REGISTRY[arch]
-    raise ValueError(
-        f"unsupported architecture(s) {archs}; supported: {sorted(MODEL_REGISTRY)}"
-    )
+    raise ValueError(f"unsupported architecture(s) {archs}; supported: {sorted(MODEL_REGISTRY)}")

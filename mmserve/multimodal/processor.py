@@ -72,7 +72,11 @@ class InputProcessor:
         if ids.size == 0:
             raise ValueError("prompt is empty")
         image_token = self.model_config.image_token_id
-        places = np.flatnonzero(ids == image_token) if image_token is not None else np.empty(0)
+        places = (
+            np.flatnonzero(ids == image_token)
+            if image_token is not None
+            else np.empty(0, dtype=np.int64)
+        )
         if len(places) != len(images):
             raise ValueError(
                 f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"

@@ -8,6 +8,7 @@ import time
 import torch
 
 from mmserve.core.outputs import MultiModalItem
+from mmserve.models.interface import VisionLanguageModel
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ class EncoderRunner:
     disagree: each is encoded again, outside the step's budget, and logged).
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: VisionLanguageModel) -> None:
         self.model = model
         self.embeddings: dict[str, torch.Tensor] = {}
         self.encoder_seconds = 0.0

@@ -14,6 +14,7 @@ from mmserve.core.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.models.interface import VisionLanguageModel
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.attention import AttentionMetadata, PagedKVCache, PrefillSegment
 from mmserve.worker.encoder_runner import EncoderRunner
@@ -57,7 +58,9 @@ class ModelRunner:
     and each chunk or decode step takes a slice of it (``MRopePositions.slice``).
     """
 
-    def __init__(self, model, kv_cache: PagedKVCache, device: torch.device, seed: int) -> None:
+    def __init__(
+        self, model: VisionLanguageModel, kv_cache: PagedKVCache, device: torch.device, seed: int
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
@@ -66,7 +69,7 @@ class ModelRunner:
         self.states: dict[str, RequestState] = {}
         self._seeds = random.Random(seed)
         self._parked_generators: dict[str, torch.Generator] = {}
-        self.uses_mrope = bool(getattr(model, "uses_mrope", False))
+        self.uses_mrope = model.uses_mrope
 
     def _add_request(self, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -151,9 +154,7 @@ class ModelRunner:
             hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta)
             logits = self.model.compute_logits(hidden[batch.sample_idx])
             states = [self.states[r] for r in batch.sample_req_ids]
-            tokens = sample(
-                logits, [s.params for s in states], [s.generator for s in states]
-            )
+            tokens = sample(logits, [s.params for s in states], [s.generator for s in states])
         for req_id, n in sched.num_scheduled_tokens.items():
             self.states[req_id].num_computed_tokens += n
         for state, token in zip(states, tokens, strict=True):

@@ -217,7 +217,7 @@ class OpenAIServing:
         }
 
         def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
-            body = {**head, "choices": choices}
+            body: dict[str, Any] = {**head, "choices": choices}
             if include_usage:  # OpenAI sends "usage": null on every chunk but the last
                 body["usage"] = usage.model_dump() if usage is not None else None
             return sse(body)

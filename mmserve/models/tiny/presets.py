@@ -94,8 +94,11 @@ class PresetSpec:
             crop_size={"height": self.image_size, "width": self.image_size},
         )
         processor = LlavaProcessor(
-            image_processor=image_processor, tokenizer=tokenizer, patch_size=self.patch_size,
-            vision_feature_select_strategy="default", chat_template=tokenizer.chat_template,
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            patch_size=self.patch_size,
+            vision_feature_select_strategy="default",
+            chat_template=tokenizer.chat_template,
             image_token=IMAGE,
             # LlavaProcessor counts (patches + additional) - 1 for the "default" strategy, so
             # the CLS token must be declared here to get exactly num_image_tokens placeholders.
@@ -111,15 +114,35 @@ AnySpec = PresetSpec | Qwen2VLPresetSpec
 PRESETS: dict[str, AnySpec] = {
     # ~0.87M params, for CI. 64x64 images, 4x4 patches -> 256 image tokens.
     "tiny-llava": PresetSpec(
-        image_size=64, patch_size=4, vision_hidden=32, vision_layers=2, vision_heads=2,
-        vision_intermediate=64, text_hidden=128, text_intermediate=256, text_layers=2,
-        text_heads=4, text_kv_heads=2, vocab_size=2048, max_position_embeddings=4096,
+        image_size=64,
+        patch_size=4,
+        vision_hidden=32,
+        vision_layers=2,
+        vision_heads=2,
+        vision_intermediate=64,
+        text_hidden=128,
+        text_intermediate=256,
+        text_layers=2,
+        text_heads=4,
+        text_kv_heads=2,
+        vocab_size=2048,
+        max_position_embeddings=4096,
     ),
     # ~15M params, for benchmarks. 224x224 images, 14x14 patches -> 256 image tokens.
     "tiny-llava-small": PresetSpec(
-        image_size=224, patch_size=14, vision_hidden=192, vision_layers=4, vision_heads=4,
-        vision_intermediate=768, text_hidden=512, text_intermediate=896, text_layers=4,
-        text_heads=8, text_kv_heads=4, vocab_size=4096, max_position_embeddings=8192,
+        image_size=224,
+        patch_size=14,
+        vision_hidden=192,
+        vision_layers=4,
+        vision_heads=4,
+        vision_intermediate=768,
+        text_hidden=512,
+        text_intermediate=896,
+        text_layers=4,
+        text_heads=8,
+        text_kv_heads=4,
+        vocab_size=4096,
+        max_position_embeddings=8192,
     ),
     **QWEN2_VL_PRESETS,
 }
@@ -144,27 +167,46 @@ def make_config(spec: AnySpec) -> Any:
 def _make_llava_config(spec: PresetSpec) -> LlavaConfig:
     """Build the ``LlavaConfig`` (with its CLIP vision and LLaMA text sub-configs) for ``spec``."""
     vision = CLIPVisionConfig(
-        hidden_size=spec.vision_hidden, intermediate_size=spec.vision_intermediate,
-        num_hidden_layers=spec.vision_layers, num_attention_heads=spec.vision_heads,
-        image_size=spec.image_size, patch_size=spec.patch_size, num_channels=3,
-        projection_dim=spec.vision_hidden, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+        hidden_size=spec.vision_hidden,
+        intermediate_size=spec.vision_intermediate,
+        num_hidden_layers=spec.vision_layers,
+        num_attention_heads=spec.vision_heads,
+        image_size=spec.image_size,
+        patch_size=spec.patch_size,
+        num_channels=3,
+        projection_dim=spec.vision_hidden,
+        hidden_act="quick_gelu",
+        layer_norm_eps=1e-5,
     )
     text = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.text_hidden,
-        intermediate_size=spec.text_intermediate, num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads, num_key_value_heads=spec.text_kv_heads,
-        head_dim=spec.text_hidden // spec.text_heads, hidden_act="silu",
-        max_position_embeddings=spec.max_position_embeddings, rms_norm_eps=1e-5,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.text_hidden,
+        intermediate_size=spec.text_intermediate,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=spec.text_heads,
+        num_key_value_heads=spec.text_kv_heads,
+        head_dim=spec.text_hidden // spec.text_heads,
+        hidden_act="silu",
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-        bos_token_id=SPECIAL_TOKEN_IDS[BOS], eos_token_id=SPECIAL_TOKEN_IDS[EOS],
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=SPECIAL_TOKEN_IDS[BOS],
+        eos_token_id=SPECIAL_TOKEN_IDS[EOS],
         pad_token_id=SPECIAL_TOKEN_IDS[PAD],
     )
     config = LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=SPECIAL_TOKEN_IDS[IMAGE],
-        image_seq_length=spec.num_image_tokens, projector_hidden_act="gelu",
-        vision_feature_select_strategy="default", vision_feature_layer=-2,
-        multimodal_projector_bias=True, tie_word_embeddings=False,
+        vision_config=vision,
+        text_config=text,
+        image_token_index=SPECIAL_TOKEN_IDS[IMAGE],
+        image_seq_length=spec.num_image_tokens,
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+        multimodal_projector_bias=True,
+        tie_word_embeddings=False,
     )
     config.dtype = torch.float32
     return config
@@ -225,7 +267,7 @@ def build_preset(name: str, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec.vocab_size, spec.max_position_embeddings, spec.flavor)
-    model = build_model(name)
+    model: Any = build_model(name)
     with _quiet_progress_bars():
         model.save_pretrained(out)
     spec.save_processors(out, tokenizer)

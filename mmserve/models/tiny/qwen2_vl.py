@@ -59,28 +59,45 @@ class Qwen2VLPresetSpec:
     def make_config(self) -> Qwen2VLConfig:
         """The ``Qwen2VLConfig`` with its vision and text sub-configs."""
         vision = dict(
-            depth=self.vision_depth, embed_dim=self.vision_embed_dim,
-            hidden_size=self.text_hidden, hidden_act="quick_gelu",
-            mlp_ratio=self.vision_mlp_ratio, num_heads=self.vision_heads, in_channels=3,
-            patch_size=self.patch_size, spatial_merge_size=self.merge_size,
+            depth=self.vision_depth,
+            embed_dim=self.vision_embed_dim,
+            hidden_size=self.text_hidden,
+            hidden_act="quick_gelu",
+            mlp_ratio=self.vision_mlp_ratio,
+            num_heads=self.vision_heads,
+            in_channels=3,
+            patch_size=self.patch_size,
+            spatial_merge_size=self.merge_size,
             temporal_patch_size=self.temporal_patch_size,
         )
         text = dict(
-            vocab_size=self.vocab_size, hidden_size=self.text_hidden,
-            intermediate_size=self.text_intermediate, num_hidden_layers=self.text_layers,
-            num_attention_heads=self.text_heads, num_key_value_heads=self.text_kv_heads,
-            hidden_act="silu", max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=1e-6, use_sliding_window=False,
+            vocab_size=self.vocab_size,
+            hidden_size=self.text_hidden,
+            intermediate_size=self.text_intermediate,
+            num_hidden_layers=self.text_layers,
+            num_attention_heads=self.text_heads,
+            num_key_value_heads=self.text_kv_heads,
+            hidden_act="silu",
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
             rope_parameters={
-                "rope_type": "default", "rope_theta": 1000000.0,
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
                 "mrope_section": list(self.mrope_section),
             },
-            bos_token_id=None, eos_token_id=IDS["<|im_end|>"], pad_token_id=IDS["<|endoftext|>"],
+            bos_token_id=None,
+            eos_token_id=IDS["<|im_end|>"],
+            pad_token_id=IDS["<|endoftext|>"],
         )
         config = Qwen2VLConfig(
-            vision_config=vision, text_config=text, image_token_id=IDS["<|image_pad|>"],
-            video_token_id=IDS["<|video_pad|>"], vision_start_token_id=IDS["<|vision_start|>"],
-            vision_end_token_id=IDS["<|vision_end|>"], tie_word_embeddings=False,
+            vision_config=vision,
+            text_config=text,
+            image_token_id=IDS["<|image_pad|>"],
+            video_token_id=IDS["<|video_pad|>"],
+            vision_start_token_id=IDS["<|vision_start|>"],
+            vision_end_token_id=IDS["<|vision_end|>"],
+            tie_word_embeddings=False,
         )
         config.dtype = torch.float32
         return config
@@ -98,26 +115,53 @@ class Qwen2VLPresetSpec:
         """Tokenizer files + chat template, and ``preprocessor_config.json``."""
         tokenizer.save_pretrained(out)
         Qwen2VLImageProcessorPil(
-            min_pixels=self.min_pixels, max_pixels=self.max_pixels, patch_size=self.patch_size,
-            merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
         ).save_pretrained(out)
 
 
 QWEN2_VL_PRESETS: dict[str, Qwen2VLPresetSpec] = {
     # ~1M params, for CI. 28x28 pixels per embedding; max_pixels 448*448 -> <= 256 embeddings.
     "tiny-qwen2-vl": Qwen2VLPresetSpec(
-        patch_size=14, merge_size=2, temporal_patch_size=2, vision_embed_dim=32,
-        vision_depth=2, vision_heads=2, vision_mlp_ratio=2, text_hidden=128,
-        text_intermediate=256, text_layers=2, text_heads=4, text_kv_heads=2,
-        mrope_section=(4, 6, 6), vocab_size=2048, max_position_embeddings=4096,
-        min_pixels=56 * 56, max_pixels=448 * 448,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        vision_embed_dim=32,
+        vision_depth=2,
+        vision_heads=2,
+        vision_mlp_ratio=2,
+        text_hidden=128,
+        text_intermediate=256,
+        text_layers=2,
+        text_heads=4,
+        text_kv_heads=2,
+        mrope_section=(4, 6, 6),
+        vocab_size=2048,
+        max_position_embeddings=4096,
+        min_pixels=56 * 56,
+        max_pixels=448 * 448,
     ),
     # ~16M params, for benchmarks; the released Qwen2-VL processor limits (<= 1280 embeddings).
     "tiny-qwen2-vl-small": Qwen2VLPresetSpec(
-        patch_size=14, merge_size=2, temporal_patch_size=2, vision_embed_dim=192,
-        vision_depth=4, vision_heads=4, vision_mlp_ratio=4, text_hidden=512,
-        text_intermediate=896, text_layers=4, text_heads=8, text_kv_heads=4,
-        mrope_section=(8, 12, 12), vocab_size=4096, max_position_embeddings=8192,
-        min_pixels=56 * 56, max_pixels=28 * 28 * 1280,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        vision_embed_dim=192,
+        vision_depth=4,
+        vision_heads=4,
+        vision_mlp_ratio=4,
+        text_hidden=512,
+        text_intermediate=896,
+        text_layers=4,
+        text_heads=8,
+        text_kv_heads=4,
+        mrope_section=(8, 12, 12),
+        vocab_size=4096,
+        max_position_embeddings=8192,
+        min_pixels=56 * 56,
+        max_pixels=28 * 28 * 1280,
     ),
 }

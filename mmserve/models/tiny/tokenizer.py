@@ -59,8 +59,13 @@ CHAT_TEMPLATE = PART_TYPES + (
 
 
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|image_pad|>", "<|video_pad|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
 )
 QWEN_SPECIAL_TOKEN_IDS: dict[str, int] = {tok: i for i, tok in enumerate(QWEN_SPECIAL_TOKENS)}
 
