@@ -1,4 +1,7 @@
-"""Engine configuration: frozen dataclasses, validated once at construction."""
+"""Engine configuration: frozen dataclasses, validated once at construction.
+
+The settings and their defaults are declared once, in ``mmserve.engine_args.EngineArgs``; these
+classes only hold and validate them."""
 
 from __future__ import annotations
 
@@ -38,14 +41,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: enough for max_num_seqs full-length sequences
-    kv_cache_memory: int = 2 * GiB  # upper bound when num_kv_blocks is None
-    enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: str = "xxh3_128"
-    prefix_caching_seed: int | None = None  # None: a random root hash per process
-    encoder_cache_memory: int = 1 * GiB
-    enable_encoder_cache: bool = True  # False: drop embeddings once no request needs them
+    block_size: int
+    num_kv_blocks: int | None  # None: enough for max_num_seqs full-length sequences
+    kv_cache_memory: int  # upper bound when num_kv_blocks is None
+    enable_prefix_caching: bool
+    prefix_caching_hash_algo: str
+    prefix_caching_seed: int | None  # None: a random root hash per process
+    encoder_cache_memory: int
+    enable_encoder_cache: bool  # False: drop embeddings once no request needs them
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -58,15 +61,13 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    disable_chunked_mm_input: bool = False
-    encoder_cache_size: int | None = None  # embeddings; None: autotuned
-    max_num_encoder_input_tokens: int | None = None  # embeddings per step; None: autotuned
-    limit_mm_per_prompt: dict[str, int] = field(
-        default_factory=lambda: {"image": DEFAULT_IMAGE_LIMIT}
-    )
-    stall_steps: int | None = None  # steps without progress before failing a request; None: auto
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    disable_chunked_mm_input: bool
+    encoder_cache_size: int | None  # embeddings; None: autotuned
+    max_num_encoder_input_tokens: int | None  # embeddings per step; None: autotuned
+    limit_mm_per_prompt: dict[str, int]
+    stall_steps: int | None  # steps without progress before failing a request; None: auto
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 
-from mmserve.config import SchedulerConfig
 from mmserve.engine.loading import build_model_config
+from mmserve.engine_args import EngineArgs
 from mmserve.models.mrope import MRotaryEmbedding, mrope_positions
 from mmserve.models.qwen2_vl import ImageLimits, max_image_tokens
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, build_preset, count_parameters
@@ -142,7 +142,7 @@ def test_max_tokens_per_image_reads_checkpoint_and_kwargs(ckpt):
 @pytest.mark.parametrize("batch,expected", [(2048, 3 * 1280), (8192, 8 * 1280)])
 def test_encoder_budget_with_default_processor_limits(ckpt, batch, expected):
     model_config = build_model_config(str(ckpt), processor_kwargs=DEFAULT_LIMITS)
-    sched = SchedulerConfig(max_num_batched_tokens=batch, max_num_seqs=64)
+    sched = EngineArgs(max_num_batched_tokens=batch, max_num_seqs=64).scheduler_config()
     # ceil(batch / 1280) items + 1 for a shared-prefix recompute: 2048 -> 3, 8192 -> 8.
     assert compute_encoder_budget(model_config, sched) == (expected, expected)
 

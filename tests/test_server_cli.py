@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import signal
 import socket
 import subprocess
@@ -18,8 +18,9 @@ import pytest
 from PIL import Image
 
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine_args import EngineArgs, parse_bytes
 from mmserve.entrypoints.cli import build_parser
-from mmserve.entrypoints.openai.cli_args import engine_kwargs, parse_bytes
+from mmserve.entrypoints.openai.cli_args import engine_args, media_policy
 
 CLI = [sys.executable, "-m", "mmserve.entrypoints.cli"]
 FLAGS = [
@@ -114,34 +115,29 @@ def test_flags_map_to_engine_arguments(tmp_path: Path) -> None:
             "3",
         ]
     )
-    kwargs = engine_kwargs(args)
-    policy = kwargs.pop("media_policy")
+    policy = media_policy(args)
     assert policy.allowed_local_path == tmp_path.resolve()
     assert policy.allowed_domains == frozenset({"images.example.com"})
     assert [str(n) for n in policy.allowed_networks] == ["10.1.0.0/16"]
     assert (policy.total_timeout_s, policy.max_concurrent_fetches) == (7, 3)
-    assert set(kwargs) <= set(inspect.signature(LLMEngine.from_args).parameters)
-    assert kwargs == {
-        "dtype": "bfloat16",
-        "seed": 7,
-        "max_model_len": 1024,
-        "block_size": 8,
-        "num_kv_blocks": 99,
-        "kv_cache_memory": 1 << 30,
-        "enable_prefix_caching": False,
-        "encoder_cache_memory": 64 << 20,
-        "max_num_batched_tokens": 512,
-        "max_num_seqs": 3,
-        "disable_chunked_mm_input": True,
-        "encoder_cache_size": 1024,
-        "max_num_encoder_input_tokens": 512,
-        "limit_mm_per_prompt": {"image": 3},
-    }
-    defaults = engine_kwargs(build_parser().parse_args(["serve"]))
-    default_policy = defaults["media_policy"]
+    assert engine_args(args) == EngineArgs(
+        dtype="bfloat16",
+        seed=7,
+        max_model_len=1024,
+        block_size=8,
+        num_kv_blocks=99,
+        enable_prefix_caching=False,
+        encoder_cache_memory=64 << 20,
+        max_num_batched_tokens=512,
+        max_num_seqs=3,
+        disable_chunked_mm_input=True,
+        encoder_cache_size=1024,
+        max_num_encoder_input_tokens=512,
+        limit_mm_per_prompt={"image": 3},
+    )
+    default_policy = media_policy(build_parser().parse_args(["serve"]))
     assert default_policy.allowed_local_path is None  # no local files unless asked
     assert default_policy.allowed_networks == () and default_policy.allowed_domains is None
-    assert defaults["enable_prefix_caching"] is True and defaults["limit_mm_per_prompt"] is None
     assert args.model == "tiny-llava" and args.host == "127.0.0.1" and args.port == 8000
     assert parse_bytes("1GiB") == 1 << 30 and parse_bytes("1048576") == 1 << 20
 
@@ -174,7 +170,31 @@ def test_bad_flags_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixtu
 )
 def test_bad_media_flags_name_the_value(argv: list[str], named: str) -> None:
     with pytest.raises(ValueError, match=named):
-        engine_kwargs(build_parser().parse_args(["serve", *argv]))
+        media_policy(build_parser().parse_args(["serve", *argv]))
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_every_engine_setting_has_one_default(command: str) -> None:
+    """CLI flags are generated from EngineArgs: every field parses to the Python default."""
+    args = build_parser().parse_args([command])
+    assert engine_args(args) == EngineArgs()
+    for f in dataclasses.fields(EngineArgs):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in build_parser()._subparsers._group_actions[0].choices[command].format_help()
+
+
+def test_engine_arguments_reach_the_engine_and_unknown_ones_fail() -> None:
+    engine = LLMEngine.from_args(
+        "tiny-llava", block_size=8, max_num_seqs=3, kv_cache_memory=1 << 26
+    )
+    cache, sched = engine.config.cache, engine.config.scheduler
+    assert (cache.block_size, sched.max_num_seqs, cache.kv_cache_memory) == (8, 3, 1 << 26)
+    assert (
+        engine.config.cache
+        == EngineArgs(block_size=8, max_num_seqs=3, kv_cache_memory=1 << 26).cache_config()
+    )
+    with pytest.raises(ValueError, match="max_num_seq"):
+        LLMEngine.from_args("tiny-llava", max_num_seq=3)
 
 
 def test_bad_limit_flags_name_the_value() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mmserve.config import CacheConfig, EngineConfig, GiB, SchedulerConfig
+from mmserve.config import EngineConfig
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
 from mmserve.core.progress import ProgressMonitor
@@ -16,7 +16,6 @@ from mmserve.core.scheduler import Scheduler
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.loading import (
-    build_model_config,
     load_image_processor,
     load_model,
     load_tokenizer,
@@ -25,6 +24,7 @@ from mmserve.engine.loading import (
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper
+from mmserve.engine_args import EngineArgs
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor, ProcessedPrompt
@@ -105,54 +105,25 @@ class LLMEngine:
     @classmethod
     def from_args(
         cls,
-        model: str = "tiny-llava",
+        model: str | None = None,
         *,
-        dtype: str = "float32",
-        seed: int = 0,
-        max_model_len: int | None = None,
-        processor_kwargs: dict[str, Any] | None = None,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory: int = 1 * GiB,
-        enable_prefix_caching: bool = True,
-        prefix_caching_hash_algo: str = "xxh3_128",
-        prefix_caching_seed: int | None = None,
-        encoder_cache_memory: int = 1 * GiB,
-        enable_encoder_cache: bool = True,
-        max_num_batched_tokens: int = 2048,
-        max_num_seqs: int = 64,
-        disable_chunked_mm_input: bool = False,
-        encoder_cache_size: int | None = None,
-        max_num_encoder_input_tokens: int | None = None,
-        limit_mm_per_prompt: dict[str, int] | None = None,
-        stall_steps: int | None = None,
-        device: str = "cpu",
+        allowed_local_path: Any = True,
+        media_policy: MediaFetchPolicy | None = None,
+        **engine_args: Any,
+    ) -> LLMEngine:
+        """``engine_args``: ``EngineArgs`` fields by name (ValueError for unknown ones)."""
+        return cls.from_engine_args(
+            EngineArgs.from_kwargs(model, **engine_args), allowed_local_path, media_policy
+        )
+
+    @classmethod
+    def from_engine_args(
+        cls,
+        args: EngineArgs,
         allowed_local_path: Any = True,
         media_policy: MediaFetchPolicy | None = None,
     ) -> LLMEngine:
-        model_config = build_model_config(model, dtype, max_model_len, processor_kwargs)
-        cache = CacheConfig(
-            block_size=block_size,
-            num_kv_blocks=num_kv_blocks,
-            kv_cache_memory=kv_cache_memory,
-            enable_prefix_caching=enable_prefix_caching,
-            prefix_caching_hash_algo=prefix_caching_hash_algo,
-            prefix_caching_seed=prefix_caching_seed,
-            encoder_cache_memory=encoder_cache_memory,
-            enable_encoder_cache=enable_encoder_cache,
-        )
-        sched_kwargs: dict[str, Any] = dict(
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            disable_chunked_mm_input=disable_chunked_mm_input,
-            encoder_cache_size=encoder_cache_size,
-            max_num_encoder_input_tokens=max_num_encoder_input_tokens,
-            stall_steps=stall_steps,
-        )
-        if limit_mm_per_prompt is not None:
-            sched_kwargs["limit_mm_per_prompt"] = dict(limit_mm_per_prompt)
-        config = EngineConfig(model_config, cache, SchedulerConfig(**sched_kwargs), seed)
-        return cls(config, device, allowed_local_path, media_policy)
+        return cls(args.create_engine_config(), args.device, allowed_local_path, media_policy)
 
     def _default_stall_steps(self) -> int:
         """Generously more steps than the progress argument in ``Scheduler`` needs before the

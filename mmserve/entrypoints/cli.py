@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from mmserve.bench.cli import add_bench_parser
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.cli_args import add_serve_parser
 from mmserve.models.tiny import PRESET_NAMES
 
@@ -13,7 +15,7 @@ from mmserve.models.tiny import PRESET_NAMES
 def _generate(args: argparse.Namespace) -> int:
     from mmserve import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, seed=args.seed)
+    llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
     content: list[dict] = [{"type": "image_url", "image_url": {"url": p}} for p in args.image]
     content.append({"type": "text", "text": args.prompt})
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -35,13 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="complete one prompt (with images) and print it")
-    gen.add_argument("--model", default="tiny-llava", help="preset name or HF checkpoint dir")
     gen.add_argument("--image", action="append", default=[], help="image path or URL (repeat)")
     gen.add_argument("--prompt", default="What is in this image?")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--dtype", default="float32")
-    gen.add_argument("--seed", type=int, default=0)
+    EngineArgs.add_cli_args(gen.add_argument_group("engine (the same names as LLM(...) arguments)"))
     gen.set_defaults(func=_generate)
 
     tiny = sub.add_parser("tiny-model", help="write a built-in random-weight checkpoint")

@@ -14,9 +14,10 @@ from mmserve.sampling_params import SamplingParams
 
 
 class LLM:
-    """Synchronous front door; keyword arguments are those of ``LLMEngine.from_args``."""
+    """Synchronous front door; keyword arguments are ``EngineArgs`` fields (plus
+    ``allowed_local_path`` and ``media_policy``, see ``LLMEngine``)."""
 
-    def __init__(self, model: str = "tiny-llava", **engine_args: Any) -> None:
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = LLMEngine.from_args(model, **engine_args)
 
     def get_tokenizer(self) -> Any:

@@ -26,7 +26,7 @@ from mmserve.engine.admission import AdmissionExecutors
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.app import HTTPPolicy, build_app
-from mmserve.entrypoints.openai.cli_args import engine_kwargs
+from mmserve.entrypoints.openai.cli_args import engine_args, media_policy
 from mmserve.entrypoints.openai.limits import limits_from_args
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
@@ -40,7 +40,7 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     """Load the model and build the app; the engine loop starts with the app's lifespan."""
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
-    kwargs = engine_kwargs(args)
+    policy_for_media = media_policy(args)
     policy = HTTPPolicy(
         api_key=args.api_key,
         public_metrics=args.public_metrics,
@@ -48,7 +48,7 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
         allowed_origins=tuple(args.allowed_origins or ()),
         limits=limits_from_args(args),
     )
-    llm_engine = LLMEngine.from_args(args.model, **kwargs)
+    llm_engine = LLMEngine.from_engine_args(engine_args(args), media_policy=policy_for_media)
     executors = AdmissionExecutors.sized_for(args.text_workers)
     processes = executors.media_workers if args.media_workers is None else args.media_workers
     if processes < 0:
@@ -58,7 +58,7 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
         max_queued_requests=args.max_queued_requests,
         start=False,
         executors=executors,
-        fetcher=MediaFetcher(kwargs["media_policy"]),
+        fetcher=MediaFetcher(policy_for_media),
         media_workers=MediaWorkers(llm_engine.processor, processes) if processes else None,
     )
     names = list(args.served_model_name or [args.model])
