@@ -348,7 +348,7 @@ def start_server(args: argparse.Namespace, log: Any) -> tuple[subprocess.Popen, 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     extra = [a for arg in args.server_arg for a in shlex.split(arg)]
-    cmd = [sys.executable, "-m", "mmserve.entrypoints.cli", "serve", "--model", args.model]
+    cmd = [sys.executable, "-m", "mmserve.cli", "serve", "--model", args.model]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     if args.server_src:  # e.g. a `git archive` export of another commit

@@ -2,7 +2,7 @@
 
 ``LLM(**kwargs)`` / ``LLMEngine.from_args`` take these names as keyword arguments, the ``serve``
 and ``generate`` commands get one flag per field from ``add_cli_args`` (vLLM's pattern), and
-``create_engine_config`` validates them once into the frozen configs of ``mmserve.config``.
+``engine.loading.create_engine_config`` validates them once into the frozen configs.
 Torch-free, so building the CLI parser stays fast.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from mmserve.config import CacheConfig, GiB, SchedulerConfig
 
 if TYPE_CHECKING:
-    from mmserve.config import EngineConfig
+    pass
 
 DTYPES = ("float32", "float16", "bfloat16")
 HASH_ALGOS = ("xxh3_128", "sha256")
@@ -156,13 +156,3 @@ class EngineArgs:
             limit_mm_per_prompt=dict(self.limit_mm_per_prompt),
             stall_steps=self.stall_steps,
         )
-
-    def create_engine_config(self) -> EngineConfig:
-        """Validate once into frozen configs (loads the checkpoint's config, not its weights)."""
-        from mmserve.config import EngineConfig
-        from mmserve.engine.loading import build_model_config
-
-        model_config = build_model_config(
-            self.model, self.dtype, self.max_model_len, self.processor_kwargs
-        )
-        return EngineConfig(model_config, self.cache_config(), self.scheduler_config(), self.seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
-from mmserve.core.outputs import MultiModalItem
+from mmserve.inputs import MultiModalItem
 from mmserve.sampling_params import SamplingParams
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager
-from mmserve.core.outputs import ModelRunnerOutput, MultiModalItem, SchedulerOutput
+from mmserve.core.outputs import ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
+from mmserve.inputs import MultiModalItem
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve.core.encoder_cache import EncoderCacheManager
-from mmserve.core.outputs import MultiModalItem
+from mmserve.inputs import MultiModalItem
 
 
 def test_allocate_and_reuse_across_requests():

@@ -19,7 +19,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from mmserve import LLM, SamplingParams
-from mmserve.entrypoints.cli import build_parser
+from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 
 API_KEY = "test-key"

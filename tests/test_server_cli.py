@@ -17,12 +17,12 @@ import httpx
 import pytest
 from PIL import Image
 
+from mmserve.cli import build_parser
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine_args import EngineArgs, parse_bytes
-from mmserve.entrypoints.cli import build_parser
 from mmserve.entrypoints.openai.cli_args import engine_args, media_policy
 
-CLI = [sys.executable, "-m", "mmserve.entrypoints.cli"]
+CLI = [sys.executable, "-m", "mmserve.cli"]
 FLAGS = [
     "--model",
     "--host",

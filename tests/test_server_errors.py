@@ -17,7 +17,7 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from mmserve.entrypoints.cli import build_parser
+from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 
 pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mmserve.entrypoints.cli import build_parser
+from mmserve.cli import build_parser
 from mmserve.entrypoints.openai import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.bait_server import BaitServer

@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-CLI = [sys.executable, "-m", "mmserve.entrypoints.cli"]
+CLI = [sys.executable, "-m", "mmserve.cli"]
 SHUTDOWN_TIMEOUT_S = 2.0
 
 

@@ -1,6 +1,6 @@
 """``mmserve bench <workload> [options]``: each workload module parses its own options.
 
-Hooked into ``mmserve.entrypoints.cli.build_parser`` by ``add_bench_parser(sub)``. Workload
+Hooked into ``mmserve.cli.build_parser`` by ``add_bench_parser(sub)``. Workload
 modules (torch, transformers) are imported only when the subcommand runs.
 """
 

@@ -6,29 +6,9 @@ Plain dataclasses, no tensors: pixel data travels as an opaque object the worker
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from mmserve.inputs import MultiModalItem
 from mmserve.sampling_params import SamplingParams
-
-
-@dataclass(frozen=True)
-class MultiModalItem:
-    """One image of a prompt: its content hash and placeholder range [offset, offset+length)."""
-
-    hash: str
-    offset: int
-    length: int
-    data: Any = None  # processor output (e.g. pixel_values array) the encoder consumes
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-    @property
-    def key(self) -> str:
-        """Encoder-cache key: the content hash and the embedding count, so two items whose
-        hashes collide but whose lengths differ are two entries, never a wrong splice."""
-        return f"{self.hash}:{self.length}"
 
 
 @dataclass

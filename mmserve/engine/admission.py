@@ -12,10 +12,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media_fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media_workers import MediaWorkers
-from mmserve.multimodal.processor import ProcessedPrompt, memo_key
+from mmserve.multimodal.processor import memo_key
 
 if TYPE_CHECKING:
     from mmserve.engine.llm_engine import LLMEngine

@@ -41,9 +41,9 @@ from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
+from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
-from mmserve.multimodal.processor import ProcessedPrompt
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from mmserve.core.scheduler import Scheduler
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.loading import (
+    create_engine_config,
     load_image_processor,
     load_model,
     load_tokenizer,
@@ -25,12 +26,13 @@ from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper
 from mmserve.engine_args import EngineArgs
+from mmserve.inputs import ProcessedPrompt
+from mmserve.layers.attention import PagedKVCache
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
-from mmserve.multimodal.processor import InputProcessor, ProcessedPrompt
+from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
-from mmserve.worker.attention import PagedKVCache
 from mmserve.worker.model_runner import ModelRunner
 
 
@@ -123,7 +125,7 @@ class LLMEngine:
         allowed_local_path: Any = True,
         media_policy: MediaFetchPolicy | None = None,
     ) -> LLMEngine:
-        return cls(args.create_engine_config(), args.device, allowed_local_path, media_policy)
+        return cls(create_engine_config(args), args.device, allowed_local_path, media_policy)
 
     def _default_stall_steps(self) -> int:
         """Generously more steps than the progress argument in ``Scheduler`` needs before the

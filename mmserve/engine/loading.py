@@ -10,7 +10,8 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from mmserve.config import ModelConfig
+from mmserve.config import EngineConfig, ModelConfig
+from mmserve.engine_args import EngineArgs
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
@@ -50,6 +51,14 @@ def build_model_config(
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
         processor_kwargs=kwargs,
     )
+
+
+def create_engine_config(args: EngineArgs) -> EngineConfig:
+    """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights)."""
+    model_config = build_model_config(
+        args.model, args.dtype, args.max_model_len, args.processor_kwargs
+    )
+    return EngineConfig(model_config, args.cache_config(), args.scheduler_config(), args.seed)
 
 
 def _eos_token_ids(path: Path, text_config: Any) -> tuple[int, ...]:

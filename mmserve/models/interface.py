@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from mmserve.core.outputs import MultiModalItem
-    from mmserve.worker.attention import AttentionMetadata, PagedKVCache
+    from mmserve.inputs import MultiModalItem
+    from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 
 
 class VisionLanguageModel(Protocol):

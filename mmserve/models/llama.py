@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from mmserve.worker.attention import AttentionMetadata, PagedKVCache, paged_attention
+from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
 
 
 class RMSNorm(nn.Module):

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from mmserve.core.outputs import MultiModalItem
+from mmserve.inputs import MultiModalItem
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel, rope_theta
 from mmserve.models.loader import load_safetensors
 from mmserve.models.mrope import MRopePositions, MRotaryEmbedding, mrope_positions

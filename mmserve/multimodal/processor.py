@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import blake3
@@ -11,18 +10,12 @@ import numpy as np
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.core.outputs import MultiModalItem
+from mmserve.inputs import MultiModalItem, ProcessedPrompt
 from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
-
-
-@dataclass
-class ProcessedPrompt:
-    prompt_token_ids: list[int]
-    mm_items: list[MultiModalItem]
 
 
 class InputProcessor:

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from mmserve.core.outputs import MultiModalItem
+from mmserve.inputs import MultiModalItem
 from mmserve.models.interface import VisionLanguageModel
 
 logger = logging.getLogger(__name__)

@@ -8,15 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mmserve.core.outputs import (
-    ModelRunnerOutput,
-    MultiModalItem,
-    NewRequestData,
-    SchedulerOutput,
-)
+from mmserve.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from mmserve.inputs import MultiModalItem
+from mmserve.layers.attention import AttentionMetadata, PagedKVCache, PrefillSegment
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.sampling_params import SamplingParams
-from mmserve.worker.attention import AttentionMetadata, PagedKVCache, PrefillSegment
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.sampler import sample
 

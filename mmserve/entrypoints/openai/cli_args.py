@@ -1,12 +1,13 @@
 """``mmserve serve``: flags (vLLM's names), their mapping to ``LLMEngine.from_args``, launching.
 
-Hooked into ``mmserve.entrypoints.cli.build_parser`` by ``add_serve_parser(sub)``. Imports of
+Hooked into ``mmserve.cli.build_parser`` by ``add_serve_parser(sub)``. Imports of
 torch / FastAPI / uvicorn happen only when the subcommand runs, so ``mmserve --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,6 @@ def engine_args(args: argparse.Namespace) -> EngineArgs:
 
 def run_server(args: argparse.Namespace) -> int:
     """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
-    from mmserve.entrypoints.openai.server import run
-
-    return run(args)
+    # by name: the flags module stays free of the server's imports (and of an import cycle)
+    server = importlib.import_module("mmserve.entrypoints.openai.server")
+    return int(server.run(args))
