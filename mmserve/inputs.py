@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -33,3 +33,31 @@ class ProcessedPrompt:
 
     prompt_token_ids: list[int]
     mm_items: list[MultiModalItem]
+
+
+@dataclass
+class PromptInput:
+    """One prompt as the APIs take it: text or token ids, its images (any source admission
+    reads) in prompt order, optional per-image uuids and the tenant's cache salt."""
+
+    prompt: str | list[int]
+    images: list[Any] = field(default_factory=list)
+    uuids: list[str | None] | None = None
+    cache_salt: str | None = None
+
+    @classmethod
+    def of(cls, prompt: Any) -> PromptInput:
+        """A str / token-id list / ``{"prompt" | "prompt_token_ids", "images" |
+        "multi_modal_data", "uuids", "cache_salt"}`` dict -> PromptInput."""
+        if isinstance(prompt, cls):
+            return prompt
+        if isinstance(prompt, (str, list)):
+            return cls(prompt)
+        if isinstance(prompt, dict):
+            text = prompt.get("prompt", prompt.get("prompt_token_ids"))
+            if text is None:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            images = prompt.get("images", prompt.get("multi_modal_data", {}).get("image", []))
+            images = list(images) if isinstance(images, (list, tuple)) else [images]
+            return cls(text, images, prompt.get("uuids"), prompt.get("cache_salt"))
+        raise ValueError(f"unsupported prompt of type {type(prompt).__name__}")

@@ -1,4 +1,4 @@
-"""Encoder budget autotuning rules (DESIGN.md "Encoder budgets")."""
+"""Encoder budget autotuning rules (``mmserve.multimodal.budget``)."""
 
 from __future__ import annotations
 

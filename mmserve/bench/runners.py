@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
 from mmserve.bench.reference import QWEN2_VL, HFReference
-from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
+from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages, render_chat
 from mmserve.models.tiny import resolve_model_path
 
 # Qwen2-VL at its released limit gives a 720p image 1196 embeddings: 8 turns would not fit the
@@ -70,9 +70,8 @@ class MmserveRunner:
         """Template + ingress (decode, hash, preprocess) + schedule until the request ends."""
         before = self.engine.get_metrics()
         start = time.monotonic()
-        conv, images, uuids = parse_chat_messages(messages)
-        prompt = render_chat(self.engine.tokenizer, conv)
-        processed = self.engine.process_inputs(prompt, images, None)
+        inp = chat_to_prompt(self.engine.tokenizer, messages)
+        processed = self.engine.process_inputs(inp.prompt, inp.images, None)
         params = SamplingParams(temperature=0, max_tokens=answer_tokens, ignore_eos=True)
         req_id = self.engine.add_processed(processed, params)
         final = None

@@ -14,6 +14,7 @@ from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
 from mmserve.core.progress import ProgressMonitor
 from mmserve.core.scheduler import Scheduler
 from mmserve.engine.detokenizer import Detokenizer
+from mmserve.engine.engine_metrics import read_engine_metrics
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.loading import (
     create_engine_config,
@@ -24,7 +25,7 @@ from mmserve.engine.loading import (
 )
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
-from mmserve.engine.step_isolation import IsolatingStepper
+from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.layers.attention import PagedKVCache
@@ -226,23 +227,30 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step. A request whose input breaks the step, or that cannot progress, ends
         alone with finish reason "error"; only a fatal error raises (``EngineDeadError``)."""
+        result = self._schedule_and_execute()
+        outputs = [self.outputs.make_output(request) for request in result.updated]
+        outputs += [self.outputs.error_output(request, why) for request, why in result.failed]
+        return outputs + self._fail_if_stalled(result, sum(out.finished for out in outputs))
+
+    def _schedule_and_execute(self) -> StepResult:
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead}")
         try:
-            result = self.stepper.step()
+            return self.stepper.step()
         except EngineDeadError as exc:
             self.dead = exc
             self.abort_request(list(self.scheduler.requests))
             raise
-        outputs = [self.outputs.make_output(request) for request in result.updated]
-        outputs += [self.outputs.error_output(request, why) for request, why in result.failed]
-        num_finished = sum(out.finished for out in outputs)
-        if self.progress.record(result.ran, num_finished, len(self.scheduler.requests)):
-            stuck = self.scheduler.head()
-            if stuck is not None:
-                self.scheduler.finish_requests([stuck.req_id], RequestStatus.FINISHED_ERROR)
-                outputs.append(self.outputs.error_output(stuck, self._stall_message(stuck)))
-        return outputs
+
+    def _fail_if_stalled(self, result: StepResult, num_finished: int) -> list[RequestOutput]:
+        """The one stall policy (``ProgressMonitor``): fail the request first in line."""
+        if not self.progress.record(result.ran, num_finished, len(self.scheduler.requests)):
+            return []
+        stuck = self.scheduler.head()
+        if stuck is None:
+            return []
+        self.scheduler.finish_requests([stuck.req_id], RequestStatus.FINISHED_ERROR)
+        return [self.outputs.error_output(stuck, self._stall_message(stuck))]
 
     def _stall_message(self, request: Request) -> str:
         sc = self.config.scheduler
@@ -257,29 +265,5 @@ class LLMEngine:
         )
 
     def get_metrics(self) -> dict[str, float]:
-        sched = self.scheduler
-        pool = sched.kv.pool
-        enc = sched.encoder_cache
-        runner_enc = self.runner.encoder
-        return {
-            "kv_blocks_total": pool.num_blocks,
-            "kv_blocks_used": pool.num_used_blocks,
-            "num_requests_running": len(sched.running),
-            "num_requests_waiting": len(sched.waiting),
-            "num_preemptions": sched.counters["num_preemptions"],
-            "prompt_tokens": self.num_prompt_tokens,
-            "generation_tokens": sched.counters["generation_tokens"],
-            "encoder_cache_hits": sched.counters["encoder_cache_hits"],
-            "encoder_cache_misses": sched.counters["encoder_cache_misses"],
-            "encoder_cache_evictions": enc.num_evictions,
-            "encoder_embeddings_computed": runner_enc.num_embeddings_computed,
-            "encoder_embeddings_from_cache": sched.counters["encoder_embeddings_from_cache"],
-            "encoder_images_encoded": runner_enc.num_images_encoded,
-            "encoder_cache_bytes": enc.num_bytes,
-            "encoder_cache_capacity": enc.capacity,
-            "encoder_cache_references": sum(len(r) for r in enc.referenced.values()),
-            "encoder_gather_misses": runner_enc.num_gather_misses,
-            "encoder_seconds": runner_enc.encoder_seconds,
-            "prefix_cache_queries": sched.kv.prefix_cache_queries,
-            "prefix_cache_hits": sched.kv.prefix_cache_hits,
-        }
+        """Every metric of ``engine_metrics.ENGINE_METRICS`` (names and help live there)."""
+        return read_engine_metrics(self)

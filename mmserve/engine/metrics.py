@@ -20,47 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mmserve.engine.engine_metrics import COUNTER_KEYS, DESCRIPTIONS
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "mmserve_"
-
-# Monotonic engine counters; everything else in the snapshot is exported as a gauge.
-COUNTER_KEYS = frozenset(
-    {
-        "num_preemptions",
-        "prompt_tokens",
-        "generation_tokens",
-        "encoder_cache_hits",
-        "encoder_cache_misses",
-        "encoder_cache_evictions",
-        "encoder_embeddings_computed",
-        "encoder_embeddings_from_cache",
-        "encoder_images_encoded",
-        "encoder_seconds",
-        "prefix_cache_queries",
-        "prefix_cache_hits",
-    }
-)
-
-DESCRIPTIONS = {
-    "kv_blocks_total": "KV cache blocks in the pool.",
-    "kv_blocks_used": "KV cache blocks referenced by live requests.",
-    "num_requests_running": "Requests in the running batch.",
-    "num_requests_waiting": "Requests waiting to be scheduled.",
-    "num_preemptions": "Preemptions (KV blocks reclaimed from a running request).",
-    "prompt_tokens": "Prompt tokens admitted (image placeholders included).",
-    "generation_tokens": "Tokens generated.",
-    "encoder_cache_hits": "Images found in the encoder cache.",
-    "encoder_cache_misses": "Images scheduled for encoding.",
-    "encoder_cache_evictions": "Encoder cache entries evicted.",
-    "encoder_embeddings_computed": "Image embeddings computed by the vision encoder.",
-    "encoder_embeddings_from_cache": "Image embeddings served from the encoder cache.",
-    "encoder_images_encoded": "Images run through the vision encoder.",
-    "encoder_cache_bytes": "Bytes held by the encoder cache.",
-    "encoder_cache_capacity": "Encoder cache capacity in embeddings.",
-    "encoder_cache_references": "Live request references to encoder cache entries.",
-    "encoder_seconds": "Seconds spent in the vision encoder.",
-}
 
 # fmt: off
 LATENCY_BUCKETS = (

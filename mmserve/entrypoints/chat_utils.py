@@ -1,8 +1,10 @@
-"""OpenAI-style chat messages -> (prompt text via the chat template, images, uuids)."""
+"""OpenAI-style chat messages -> ``PromptInput`` (text via the chat template, images, uuids)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from mmserve.inputs import PromptInput
 
 
 def parse_chat_messages(
@@ -45,6 +47,16 @@ def parse_chat_messages(
                 raise ValueError(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
         conv.append({"role": msg["role"], "content": parts})
     return conv, images, uuids
+
+
+def chat_to_prompt(
+    tokenizer: Any, messages: list[dict[str, Any]], cache_salt: str | None = None
+) -> PromptInput:
+    """The one chat -> prompt conversion (offline API, server, benchmarks)."""
+    conv, images, uuids = parse_chat_messages(messages)
+    prompt = render_chat(tokenizer, conv)
+    has_uuids = any(u is not None for u in uuids)
+    return PromptInput(prompt, images, uuids if has_uuids else None, cache_salt)
 
 
 def render_chat(tokenizer: Any, conv: list[dict[str, Any]]) -> str:

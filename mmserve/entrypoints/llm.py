@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.outputs import RequestOutput
-from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
+from mmserve.entrypoints.chat_utils import chat_to_prompt
+from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 
 
@@ -39,7 +40,7 @@ class LLM:
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        inputs = [_as_input(p) for p in prompts]
+        inputs = [PromptInput.of(p) for p in prompts]
         return self._run(inputs, sampling_params, use_tqdm)
 
     def chat(
@@ -52,15 +53,16 @@ class LLM:
             list[list[dict[str, Any]]],
             messages if messages and isinstance(messages[0], list) else [messages],
         )
-        inputs = []
-        for conversation in conversations:
-            conv, images, uuids = parse_chat_messages(conversation)
-            prompt = render_chat(self.engine.tokenizer, conv)
-            has_uuids = any(u is not None for u in uuids)
-            inputs.append((prompt, images, uuids if has_uuids else None, None))
+        tokenizer = self.engine.tokenizer
+        inputs = [chat_to_prompt(tokenizer, conversation) for conversation in conversations]
         return self._run(inputs, sampling_params, use_tqdm)
 
-    def _run(self, inputs, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self,
+        inputs: list[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -69,11 +71,14 @@ class LLM:
             raise ValueError(
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
-        processed = [self.engine.process_inputs(*inp) for inp in inputs]  # validate all first
+        processed = [  # validate all first
+            self.engine.process_inputs(inp.prompt, inp.images, inp.uuids, inp.cache_salt)
+            for inp in inputs
+        ]
         order: dict[str, int] = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
-            text = inp[0] if isinstance(inp[0], str) else None
-            req_id = self.engine.add_processed(proc, params, prompt_text=text, cache_salt=inp[3])
+            text = inp.prompt if isinstance(inp.prompt, str) else None
+            req_id = self.engine.add_processed(proc, params, None, text, inp.cache_salt)
             order[req_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(inputs)
         bar = tqdm(total=len(inputs), disable=not use_tqdm, desc="generate")
@@ -90,18 +95,3 @@ class LLM:
         finally:
             bar.close()
         return results  # type: ignore[return-value]
-
-
-def _as_input(prompt: Any) -> tuple[Any, list[Any], list[str | None] | None, str | None]:
-    """(prompt text or ids, images, uuids, cache_salt)."""
-    if isinstance(prompt, (str, list)):
-        return prompt, [], None, None
-    if isinstance(prompt, dict):
-        text = prompt.get("prompt", prompt.get("prompt_token_ids"))
-        if text is None:
-            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        images = prompt.get("images", prompt.get("multi_modal_data", {}).get("image", []))
-        if not isinstance(images, (list, tuple)):
-            images = [images]
-        return text, list(images), prompt.get("uuids"), prompt.get("cache_salt")
-    raise ValueError(f"unsupported prompt of type {type(prompt).__name__}")

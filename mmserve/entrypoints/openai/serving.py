@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.outputs import RequestOutput
-from mmserve.entrypoints.chat_utils import parse_chat_messages, render_chat
+from mmserve.entrypoints.chat_utils import chat_to_prompt
 from mmserve.entrypoints.openai.errors import APIError, error_body, to_api_error
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -39,6 +39,7 @@ from mmserve.entrypoints.openai.streaming import (
     sse,
     until_disconnect,
 )
+from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 256
@@ -52,10 +53,11 @@ def usage_of(out: RequestOutput) -> Usage:
     )
 
 
-def _render(tokenizer: Any, conv: list[dict[str, Any]]) -> str:
-    """The chat template (run in the text pool); template errors are 400s."""
+def _render(tokenizer: Any, messages: list[dict[str, Any]]) -> PromptInput:
+    """Messages -> prompt via the chat template (run in the text pool); template errors are
+    400s."""
     try:
-        return render_chat(tokenizer, conv)
+        return chat_to_prompt(tokenizer, messages)
     except ValueError:
         raise
     except Exception as exc:  # jinja errors raised by the template on odd conversations
@@ -86,12 +88,9 @@ class OpenAIServing:
         self.check_model(req.model)
         factory = self.sampling_factory(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        conv, images, uuids = parse_chat_messages(messages)
-        prompt = await self.engine.run_text(_render, self.engine.tokenizer, conv)
-        if not any(u is not None for u in uuids):
-            uuids = None  # type: ignore[assignment]
+        inp = await self.engine.run_text(_render, self.engine.tokenizer, messages)
         rid = uuid.uuid4().hex
-        gen = self.engine.generate(prompt, images, uuids, factory, rid, req.cache_salt)
+        gen = self.engine.generate(inp.prompt, inp.images, inp.uuids, factory, rid, req.cache_salt)
         return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}")
 
     async def completion(self, raw: Request, req: CompletionRequest) -> Any:
