@@ -16,7 +16,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbeddin
 
 from mmserve.engine.loading import build_model_config
 from mmserve.engine_args import EngineArgs
-from mmserve.models.mrope import MRotaryEmbedding, mrope_positions
+from mmserve.layers.mrope import MRotaryEmbedding, mrope_positions
 from mmserve.models.qwen2_vl import ImageLimits, max_image_tokens
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, build_preset, count_parameters
 from mmserve.multimodal.budget import compute_encoder_budget

@@ -346,7 +346,7 @@ def test_drip_urls_do_not_starve_others_and_disconnects_cancel_fetches(
     t0 = time.monotonic()
     resp = httpx.post(url, json=text_chat(), timeout=30)
     assert resp.status_code == 200
-    assert time.monotonic() - t0 < 1.5  # text-only work never waits for image fetches
+    assert time.monotonic() - t0 < 5  # text-only work never waits for image fetches (15 s)
     for t in threads:
         t.join()
     deadline = time.monotonic() + 5  # far below the 15 s fetch timeout
@@ -377,7 +377,7 @@ def test_chat_template_runs_off_the_event_loop(
     time.sleep(0.3)
     t0 = time.monotonic()
     assert httpx.get(f"{server.url}/health").status_code == 200
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 1.0  # the template sleeps 1.5 s
     worker.join()
     assert result == [200]
 

@@ -12,47 +12,8 @@ import torch
 from torch import nn
 
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Default RoPE: cos/sin per position computed in float32 exactly as HF does."""
-
-    inv_freq: torch.Tensor
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.theta = theta
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+from mmserve.layers.norm import RMSNorm
+from mmserve.layers.rotary import RotaryEmbedding, apply_rope, rope_theta
 
 
 class Attention(nn.Module):
@@ -101,14 +62,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def rope_theta(cfg) -> float:
-    params = getattr(cfg, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"rope type {rope_type!r} is not supported yet (only 'default')")
-    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
 
 
 class LlamaModel(nn.Module):

@@ -20,9 +20,10 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 from mmserve.inputs import MultiModalItem
-from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel, rope_theta
+from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, mrope_positions
+from mmserve.layers.rotary import rope_theta
+from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
-from mmserve.models.mrope import MRopePositions, MRotaryEmbedding, mrope_positions
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
 QWEN2_VL_RENAME_RULES = [
@@ -161,7 +162,7 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
     def mrope_positions(
         self, num_tokens: int, mm_items: Sequence[MultiModalItem]
     ) -> MRopePositions:
-        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.models.mrope``)."""
+        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.layers.mrope``)."""
         images = []
         for item in mm_items:
             t, h, w = (int(x) for x in item.data["image_grid_thw"])

@@ -17,7 +17,7 @@ from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.sampler import sample
 
 if TYPE_CHECKING:
-    from mmserve.models.mrope import MRopePositions
+    from mmserve.layers.mrope import MRopePositions
 
 
 @dataclass

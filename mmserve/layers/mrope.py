@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmserve.models.llama import RotaryEmbedding
+from mmserve.layers.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
