@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmserve.bench.images import png_bytes
+from mmserve.engine_args import EngineArgs
 from mmserve.models.tiny import resolve_model_path
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -48,11 +49,12 @@ class ImageDir:
 def engine_args(
     max_model_len: int, max_images: int, processor_kwargs: dict[str, Any], prefix: bool = True
 ) -> dict[str, Any]:
-    """The vLLM ``LLM(...)`` arguments matching mmserve's defaults."""
+    """The vLLM ``LLM(...)`` arguments matching mmserve's defaults (``EngineArgs``)."""
+    defaults = EngineArgs()
     args: dict[str, Any] = {
         "max_model_len": max_model_len,
-        "max_num_batched_tokens": 2048,
-        "max_num_seqs": 64,
+        "max_num_batched_tokens": defaults.max_num_batched_tokens,
+        "max_num_seqs": defaults.max_num_seqs,
         "enable_prefix_caching": prefix,
         "limit_mm_per_prompt": {"image": max_images},
     }
