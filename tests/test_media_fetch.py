@@ -691,3 +691,19 @@ def test_waiting_for_a_slot_counts_toward_the_deadline(origin: RecordingServer) 
 
     assert 0.3 < asyncio.run(main()) < 2.0
     assert origin.connections == 0
+
+
+def test_a_connect_timeout_moves_on_to_the_next_checked_address() -> None:
+    second_ip = "93.184.215.15"  # answered in-process only
+
+    def timeout(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("no answer", request=request)
+
+    def image(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"png-bytes")
+
+    transport = FakeInternet({PUBLIC_IP: timeout, second_ip: image})
+    resolver = static_resolver({"two.test": [PUBLIC_IP, second_ip]})
+    assert load(MediaFetchPolicy(), "http://two.test/x.png", resolver=resolver,
+                transport=transport) == b"png-bytes"  # fmt: skip
+    assert [r.url.host for r in transport.seen] == [PUBLIC_IP, second_ip]

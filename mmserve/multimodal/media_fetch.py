@@ -318,12 +318,12 @@ class MediaFetcher:
                 raise _Refused(f"address of {host!r} refused: {reason}")
         headers = {"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"}
         extensions = {"sni_hostname": host} if url.scheme == "https" else {}
-        for i, ip in enumerate(addresses, 1):  # on ConnectError: the next checked address
+        for i, ip in enumerate(addresses, 1):  # refused or timed out: the next checked address
             target = url.copy_with(host=str(getattr(ip, "ipv4_mapped", None) or ip))
             request = client.build_request("GET", target, headers=headers, extensions=extensions)
             try:
                 return await client.send(request, stream=True)
-            except httpx.ConnectError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):
                 if i == len(addresses):
                     raise
         raise AssertionError("unreachable")
