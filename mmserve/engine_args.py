@@ -100,12 +100,21 @@ class EngineArgs:
     stall_steps: int | None = _arg(None, "steps without progress before a request fails")
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser | Any) -> None:
-        """One ``--flag`` per field (``--no-flag`` for booleans), defaults from the fields."""
+    def add_cli_args(
+        cls,
+        parser: argparse.ArgumentParser | Any,
+        defaults: dict[str, Any] | None = None,
+        exclude: tuple[str, ...] = (),
+    ) -> None:
+        """One ``--flag`` per field (``--no-flag`` for booleans), defaults from the fields
+        (``defaults`` overrides some, e.g. a benchmark's model; ``exclude`` leaves some out)."""
         for f in fields(cls):
+            if f.name in exclude:
+                continue
             meta = dict(f.metadata)
             flag = "--" + f.name.replace("_", "-")
             default = f.default_factory() if callable(f.default_factory) else f.default
+            default = (defaults or {}).get(f.name, default)
             shown = json.dumps(default) if isinstance(default, dict) else default
             text = f"{meta.pop('help')} (default: {shown})".replace("%", "%%")
             if f.type == "bool":
@@ -118,7 +127,12 @@ class EngineArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        """The fields present in ``args`` (excluded ones keep their defaults)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def as_kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """``LLM(**...)`` keyword arguments, with ``overrides`` applied on top."""
+        return {**dataclasses.asdict(self), **overrides}
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineArgs:

@@ -183,6 +183,17 @@ def test_every_engine_setting_has_one_default(command: str) -> None:
         assert flag in build_parser()._subparsers._group_actions[0].choices[command].format_help()
 
 
+@pytest.mark.parametrize("workload", ["latency", "multiturn", "probe", "reuse"])
+def test_bench_engine_flags_come_from_engine_args(workload: str) -> None:
+    import importlib
+
+    parser = importlib.import_module(f"mmserve.bench.{workload}").build_parser()
+    assert EngineArgs.from_cli_args(parser.parse_args([])) == EngineArgs(model="tiny-llava-small")
+    args = parser.parse_args(["--max-num-seqs", "3", "--no-enable-prefix-caching"])
+    assert EngineArgs.from_cli_args(args).as_kwargs()["max_num_seqs"] == 3
+    assert EngineArgs.from_cli_args(args).enable_prefix_caching is False
+
+
 def test_engine_arguments_reach_the_engine_and_unknown_ones_fail() -> None:
     engine = LLMEngine.from_args(
         "tiny-llava", block_size=8, max_num_seqs=3, kv_cache_memory=1 << 26

@@ -13,13 +13,14 @@ from mmserve import LLM, SamplingParams
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
 from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, save
-from mmserve.bench.runners import processor_kwargs_for
+from mmserve.bench.runners import add_engine_args, processor_kwargs_for
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import render_chat
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmserve bench latency", description=__doc__)
-    parser.add_argument("--model", default="tiny-llava-small")
+    add_engine_args(parser)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pkw = processor_kwargs_for(args.model, args.max_pixels)
     # a new image every repetition: nothing is served from a cache
     images = [synthetic_image(100 + i, args.resolution) for i in range(args.repeats + 1)]
-    llm = LLM(args.model, processor_kwargs=pkw)
+    llm = LLM(**EngineArgs.from_cli_args(args).as_kwargs(processor_kwargs=pkw))
     conv = [
         {
             "role": "user",

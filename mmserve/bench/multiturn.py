@@ -20,8 +20,14 @@ from tqdm import tqdm
 
 from mmserve.bench.images import RESOLUTIONS, png_bytes
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.runners import make_runner, model_max_len, processor_kwargs_for
+from mmserve.bench.runners import (
+    add_engine_args,
+    make_runner,
+    model_max_len,
+    processor_kwargs_for,
+)
 from mmserve.bench.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
+from mmserve.engine_args import EngineArgs
 
 ENGINES = ["mmserve", "mmserve-nocache", "transformers"]
 WARMUP_SEED = 90_000
@@ -120,9 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model", default="tiny-llava-small", help="preset name or HF checkpoint dir"
-    )
+    add_engine_args(parser)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))
     parser.add_argument("--answer-tokens", type=int, default=16)
@@ -142,9 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="Qwen2-VL pixel cap per image (default 28*28*640)",
-    )
-    parser.add_argument(
-        "--max-model-len", type=int, default=None, help="default: the model's position limit"
     )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument(
@@ -170,10 +171,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 raise SystemExit("vllm is not importable here: pass --vllm-python")
             rows += median_rows(kind, run_vllm(args, python, pkw))
             continue
-        extra = {"processor_kwargs": pkw}
+        extra: dict[str, Any] = {"processor_kwargs": pkw}
         if kind != "transformers":
-            extra["max_model_len"] = args.max_model_len
-            extra["limit_mm_per_prompt"] = {"image": max(args.turns, 2)}
+            extra = EngineArgs.from_cli_args(args).as_kwargs(
+                processor_kwargs=pkw, limit_mm_per_prompt={"image": max(args.turns, 2)}
+            )
+            del extra["model"]
         runner = make_runner(kind, args.model, **extra)
         run_conversation(runner, 2, args.resolution, 2, WARMUP_SEED)  # warm-up, other images
         repeats = [

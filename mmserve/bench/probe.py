@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from mmserve.bench.images import RESOLUTIONS, png_bytes
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.runners import MmserveRunner, processor_kwargs_for
+from mmserve.bench.runners import MmserveRunner, add_engine_args, processor_kwargs_for
+from mmserve.engine_args import EngineArgs
 
 MODES = {"mmserve": True, "mmserve-nocache": False}
 M_MMAP_THRESHOLD = -3
@@ -87,12 +88,10 @@ class EncoderMeter:
 
 
 def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list[dict]:
-    runner = MmserveRunner(
-        args.model,
-        caches=MODES[mode],
-        processor_kwargs=pkw,
-        limit_mm_per_prompt={"image": args.max_images},
+    engine = EngineArgs.from_cli_args(args).as_kwargs(
+        processor_kwargs=pkw, limit_mm_per_prompt={"image": args.max_images}
     )
+    runner = MmserveRunner(engine.pop("model"), caches=MODES[mode], **engine)
     meter = EncoderMeter(runner.engine.model)
     warm = [
         {
@@ -154,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default="tiny-llava-small")
+    add_engine_args(parser)
     parser.add_argument("--max-images", type=int, default=24)
     parser.add_argument("--max-rss-mib", type=float, default=None, help="stop above this RSS")
     parser.add_argument("--resolution", default="720p", choices=sorted(RESOLUTIONS))

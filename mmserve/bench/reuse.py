@@ -24,7 +24,12 @@ from mmserve import LLM, SamplingParams
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
 from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.runners import model_max_len, processor_kwargs_for, run_transformers
+from mmserve.bench.runners import (
+    add_engine_args,
+    model_max_len,
+    processor_kwargs_for,
+    run_transformers,
+)
 from mmserve.bench.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
 from mmserve.bench.workloads import (
     RUN_STRIDE,
@@ -37,6 +42,7 @@ from mmserve.bench.workloads import (
     with_single_image,
     zipf_specs,
 )
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import render_chat
 from mmserve.models.tiny import resolve_model_path
 
@@ -163,7 +169,8 @@ def engine_runs(
         raise SystemExit(f"unknown engine {engine!r}: {', '.join(ENGINES)}")
     results = []
     for specs in tqdm(runs, desc=f"{engine} runs"):
-        llm = LLM(args.model, processor_kwargs=pkw, **MODES[engine])
+        base = EngineArgs.from_cli_args(args)
+        llm = LLM(**base.as_kwargs(processor_kwargs=pkw, **MODES[engine]))
         llm.generate(warm, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
         prep = preprocess_seconds(llm, work)
         results.append(run_mmserve(llm, work.requests(specs), args.max_tokens, args.arrival))
@@ -246,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default="tiny-llava-small")
+    add_engine_args(parser)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--reuse", type=float, default=0.3, help="fraction of repeats (0..1)")
     parser.add_argument("--order", choices=["grouped", "shuffled"], default="grouped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
 from mmserve.bench.reference import QWEN2_VL, HFReference
+from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages, render_chat
 from mmserve.models.tiny import resolve_model_path
 
@@ -61,9 +63,8 @@ class MmserveRunner:
 
     def __init__(self, model: str, caches: bool, **engine_args: Any) -> None:
         self.name = "mmserve" if caches else "mmserve-nocache"
-        self.llm = LLM(
-            model, enable_prefix_caching=caches, enable_encoder_cache=caches, **engine_args
-        )
+        engine_args.update(enable_prefix_caching=caches, enable_encoder_cache=caches)
+        self.llm = LLM(model, **engine_args)
         self.engine = self.llm.engine
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
@@ -124,6 +125,15 @@ class TransformersRunner:
         return TurnResult(
             ttft, self.ref.encoder_seconds, len(pil), n, 0, answer, ids, image_tokens, image_tokens
         )
+
+
+BENCH_DEFAULTS = {"model": "tiny-llava-small"}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine flags of ``EngineArgs`` for a workload (its own ``--seed`` seeds the data)."""
+    group = parser.add_argument_group("engine (EngineArgs; workload modes override some)")
+    EngineArgs.add_cli_args(group, defaults=BENCH_DEFAULTS, exclude=("seed",))
 
 
 def make_runner(kind: str, model: str, **engine_args: Any) -> MmserveRunner | TransformersRunner:
