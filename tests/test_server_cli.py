@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from mmserve.cli import build_parser
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine_args import EngineArgs, parse_bytes
 from mmserve.entrypoints.openai.cli_args import engine_args, media_policy
+from tests.server_process import free_port, wait_until_healthy
 
 CLI = [sys.executable, "-m", "mmserve.cli"]
 FLAGS = [
@@ -215,15 +215,9 @@ def test_bad_limit_flags_name_the_value() -> None:
         limits_from_args(build_parser().parse_args(["serve", "--max-content-parts", "0"]))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("serve") / "server.log").open("w+")
     proc = subprocess.Popen(
         [
@@ -243,16 +237,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, "server exited during startup"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
+        wait_until_healthy(proc, url)
         yield url
     finally:
         proc.send_signal(signal.SIGINT)
@@ -326,3 +311,29 @@ def test_overload_returns_503_then_recovers(served: str) -> None:
     _poll(served, "mmserve_num_requests_running", 0)
     ok = httpx.post(url, json={**body, "stream": False, "max_tokens": 4}, timeout=30)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--text-workers", "0"], "--text-workers"),
+        (["--media-workers", "-1"], "--media-workers"),
+        (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
+        (["--max-queued-requests", "-1"], "--max-queued-requests"),
+    ],
+)
+def test_bad_server_flags_name_the_flag_before_loading(argv: list[str], named: str) -> None:
+    from mmserve.entrypoints.openai.cli_args import check_server_flags
+
+    with pytest.raises(ValueError, match=named):
+        check_server_flags(build_parser().parse_args(["serve", *argv]))
+    check_server_flags(build_parser().parse_args(["serve"]))  # the defaults are valid
+
+
+def test_empty_cache_salt_is_a_400() -> None:
+    from pydantic import ValidationError
+
+    from mmserve.entrypoints.openai.protocol import CompletionRequest
+
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})

@@ -18,6 +18,7 @@ from mmserve.cli import build_parser
 from mmserve.entrypoints.openai import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.bait_server import BaitServer
+from tests.server_process import free_port
 from tests.test_server import png_url, scrape, wait_idle
 
 API_KEY = "hardening-key"
@@ -262,10 +263,7 @@ def test_overload_answer_has_retry_after() -> None:
 
 # ---- media fetching through the server ---------------------------------------------------------
 def test_internal_urls_refused_with_one_message(http: httpx.Client, bait: BaitServer) -> None:
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    closed_port = closed.getsockname()[1]
-    closed.close()
+    closed_port = free_port()  # nothing listens there
     urls = [
         f"{bait.url}/image.png",
         f"http://localhost:{bait.port}/image.png",

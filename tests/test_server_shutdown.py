@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,14 +14,10 @@ import time
 
 import httpx
 
+from tests.server_process import free_port, wait_until_healthy
+
 CLI = [sys.executable, "-m", "mmserve.cli"]
 SHUTDOWN_TIMEOUT_S = 2.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _stream(url: str, max_tokens: int, events: list[str], started: threading.Event) -> None:
@@ -42,23 +37,14 @@ def _stream(url: str, max_tokens: int, events: list[str], started: threading.Eve
 
 
 def test_sigterm_drains_then_exits_zero() -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile(mode="w+")
     argv = ["serve", "--port", str(port), "--uvicorn-log-level", "warning"]
     argv += ["--max-num-seqs", "2", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     proc = subprocess.Popen([*CLI, *argv], stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, "server exited during startup"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
+        wait_until_healthy(proc, url)
         short: list[str] = []
         long: list[str] = []
         short_started, long_started = threading.Event(), threading.Event()

@@ -70,8 +70,8 @@ class AdmissionExecutors:
         """Unset sizes default to a few text threads and media threads up to half the cores."""
         cpus = os.cpu_count() or 1
         return cls(
-            text_workers=text_workers or min(4, cpus),
-            media_workers=media_workers or max(1, min(4, cpus // 2)),
+            text_workers=min(4, cpus) if text_workers is None else text_workers,
+            media_workers=max(1, min(4, cpus // 2)) if media_workers is None else media_workers,
         )
 
     async def text(self, fn: Callable[..., T], *args: Any) -> T:

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from mmserve.multimodal.media import ImageTooLargeError
+from mmserve.multimodal.media import MAX_IMAGE_BYTES, ImageTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ class MediaFetchPolicy:
     allowed_domains: frozenset[str] | None = None
     allowed_networks: tuple[IPNetwork, ...] = ()
     allowed_local_path: Path | bool | None = None
-    max_bytes: int = 20 << 20
-    max_data_url_bytes: int = 20 << 20
+    max_bytes: int = MAX_IMAGE_BYTES
+    max_data_url_bytes: int = MAX_IMAGE_BYTES
     max_redirects: int = 3
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0

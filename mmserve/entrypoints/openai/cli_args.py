@@ -160,6 +160,21 @@ def media_policy(args: argparse.Namespace) -> Any:
     )
 
 
+def check_server_flags(args: argparse.Namespace) -> None:
+    """The server's own flags, checked before the model loads (ValueError naming the flag)."""
+    bounds = {
+        "text_workers": 1,
+        "media_workers": 0,
+        "shutdown_timeout": 0,
+        "max_queued_requests": 0,
+    }
+    for name, low in bounds.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+
+
 def engine_args(args: argparse.Namespace) -> EngineArgs:
     """The engine settings among the parsed ``serve`` flags."""
     return EngineArgs.from_cli_args(args)

@@ -26,7 +26,7 @@ from mmserve.engine.admission import AdmissionExecutors
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.app import HTTPPolicy, build_app
-from mmserve.entrypoints.openai.cli_args import engine_args, media_policy
+from mmserve.entrypoints.openai.cli_args import check_server_flags, engine_args, media_policy
 from mmserve.entrypoints.openai.limits import limits_from_args
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
@@ -38,8 +38,7 @@ CLOSE_CONNECTIONS_S = 5  # after draining: how long uvicorn waits for sockets to
 
 def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     """Load the model and build the app; the engine loop starts with the app's lifespan."""
-    if args.max_queued_requests < 0:
-        raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
+    check_server_flags(args)
     policy_for_media = media_policy(args)
     policy = HTTPPolicy(
         api_key=args.api_key,
@@ -51,8 +50,6 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     llm_engine = LLMEngine.from_engine_args(engine_args(args), media_policy=policy_for_media)
     executors = AdmissionExecutors.sized_for(args.text_workers)
     processes = executors.media_workers if args.media_workers is None else args.media_workers
-    if processes < 0:
-        raise ValueError(f"--media-workers must be >= 0, got {processes}")
     engine = AsyncLLMEngine(
         llm_engine,
         max_queued_requests=args.max_queued_requests,
