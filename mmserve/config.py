@@ -14,6 +14,9 @@ DEFAULT_IMAGE_LIMIT = 16
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What the engine needs to know about a checkpoint, derived from its HF config."""
@@ -95,3 +98,4 @@ class EngineConfig:
     cache: CacheConfig
     scheduler: SchedulerConfig
     seed: int = 0
+    attention_backend: str = "auto"

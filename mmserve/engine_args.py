@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from mmserve.config import CacheConfig, GiB, SchedulerConfig
+from mmserve.config import ATTENTION_BACKENDS, CacheConfig, GiB, SchedulerConfig
 
 if TYPE_CHECKING:
     pass
@@ -69,6 +69,12 @@ class EngineArgs:
     dtype: str = _arg("float32", "weight / activation dtype", choices=DTYPES)
     seed: int = _arg(0, "engine seed (sampling without a per-request seed)")
     device: str = _arg("cpu", "torch device")
+    attention_backend: str = _arg(
+        "auto",
+        "LM attention: 'cpu-kernel' (compiled, reads the paged KV cache in place; CPU float32),"
+        " 'torch' (gather + SDPA, any device/dtype), 'auto' (the kernel where it applies)",
+        choices=ATTENTION_BACKENDS,
+    )
     max_model_len: int | None = _arg(None, "context length (default: from the model config)")
     processor_kwargs: dict[str, Any] | None = _arg(
         None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'",

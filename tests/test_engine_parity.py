@@ -26,9 +26,18 @@ def check_parity(llm: LLM, reference, cases: list[tuple[str, list]]) -> None:
     assert_no_leaks(llm)
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM("tiny-llava", max_num_batched_tokens=2048, max_num_seqs=64, seed=0)
+BACKENDS = ["cpu-kernel", "torch"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def llm(request) -> LLM:
+    return LLM(
+        "tiny-llava",
+        max_num_batched_tokens=2048,
+        max_num_seqs=64,
+        seed=0,
+        attention_backend=request.param,
+    )
 
 
 def test_text_only(llm, reference):
@@ -57,18 +66,27 @@ def test_batch_of_eight_mixed(llm, reference, images):
     check_parity(llm, reference, cases)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("budget", [100, 37])
-def test_image_split_across_chunks(reference, images, budget):
-    llm = LLM("tiny-llava", max_num_batched_tokens=budget, max_num_seqs=4)
+def test_image_split_across_chunks(reference, images, budget, backend):
+    llm = LLM(
+        "tiny-llava", max_num_batched_tokens=budget, max_num_seqs=4, attention_backend=backend
+    )
     cases = [(prompt_with(2, "What changed?"), images[:2]), (prompt_with(1), [images[3]])]
     check_parity(llm, reference, cases)
 
 
-def test_preemption(reference, images):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_preemption(reference, images, backend):
     # Prompts of ~270 tokens take 17 blocks each: two fit in 35 blocks, but their decodes
     # soon need an 18th block each, so the newer one is preempted and recomputed.
     llm = LLM(
-        "tiny-llava", num_kv_blocks=35, block_size=16, max_model_len=560, max_num_batched_tokens=512
+        "tiny-llava",
+        num_kv_blocks=35,
+        block_size=16,
+        max_model_len=560,
+        max_num_batched_tokens=512,
+        attention_backend=backend,
     )
     cases = [(prompt_with(1, f"Question {i}?"), [images[i]]) for i in range(4)]
     check_parity(llm, reference, cases)

@@ -28,7 +28,7 @@ from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
-from mmserve.layers.attention import PagedKVCache
+from mmserve.layers.attention import PagedKVCache, select_attention_backend
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
@@ -97,7 +97,10 @@ class LLMEngine:
             encoder_compute_budget=self.encoder_budget,
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device, config.seed)
+        backend = select_attention_backend(
+            config.attention_backend, self.device, torch_dtype(mc.dtype), self.model.head_dim
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, self.device, config.seed, backend)
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
         self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
         self.dead: BaseException | None = None

@@ -58,7 +58,13 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     model_config = build_model_config(
         args.model, args.dtype, args.max_model_len, args.processor_kwargs
     )
-    return EngineConfig(model_config, args.cache_config(), args.scheduler_config(), args.seed)
+    return EngineConfig(
+        model_config,
+        args.cache_config(),
+        args.scheduler_config(),
+        args.seed,
+        args.attention_backend,
+    )
 
 
 def _eos_token_ids(path: Path, text_config: Any) -> tuple[int, ...]:

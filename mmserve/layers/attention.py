@@ -1,38 +1,53 @@
-"""Paged KV cache tensors and attention over block tables (CPU-friendly, CUDA-compatible)."""
+"""Paged KV cache tensors and causal attention over block tables (CPU kernel or pure torch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
-
-@dataclass
-class PrefillSegment:
-    """Queries [q_start, q_start + q_len) of one request attending to its first ctx_len tokens."""
-
-    q_start: int
-    q_len: int
-    key_slots: torch.Tensor  # [ctx_len] cache slots of positions 0..ctx_len-1
-    causal_mask: torch.Tensor | None  # [q_len, ctx_len] bool, None when q_len == ctx_len
+from mmserve.config import ATTENTION_BACKENDS
+from mmserve.kernels import kernel_head_dims, paged_attention_kernel, unavailable_reason
+from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
 
 
 @dataclass
 class AttentionMetadata:
-    """Everything a layer needs to write this step's K/V and attend over the paged cache."""
+    """One step's batch as attention sees it.
 
-    slot_mapping: torch.Tensor  # [T] cache slot of each scheduled token
-    prefills: list[PrefillSegment]
-    decode_token_idx: torch.Tensor  # [D] flat index of each single-token (decode) request
-    decode_key_slots: torch.Tensor  # [D, max_ctx] slots, padded with 0
-    decode_mask: torch.Tensor  # [D, 1, 1, max_ctx] bool, True where the key is valid
+    Sequence b owns query rows ``[query_start_loc[b], query_start_loc[b + 1])`` of the flat
+    batch; they are its last positions, so with ``L = seq_lens[b]`` keys its row i sits at
+    position ``L - q_len + i`` and attends keys ``0 .. L - q_len + i``. Keys live in the cache
+    at ``block_tables[b][pos // block_size] * block_size + pos % block_size``.
+    """
+
+    slot_mapping: torch.Tensor  # [T] long: cache slot of each scheduled token
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with block 0
+    block_size: int
+    query_lens_host: list[int]
+    seq_lens_host: list[int]
+    use_kernel: bool
+    _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
+
+    def torch_plan(self) -> TorchAttentionPlan:
+        """The pure-torch backend's per-step plan, built once and shared by every layer."""
+        if self._torch_plan is None:
+            self._torch_plan = TorchAttentionPlan.build(
+                self.block_tables.long(),
+                self.query_lens_host,
+                self.seq_lens_host,
+                self.block_size,
+            )
+        return self._torch_plan
 
 
 class PagedKVCache:
     """K and V for every layer as [num_blocks * block_size, num_kv_heads, head_dim] tensors.
 
-    Zero-initialised so padded gathers never read NaNs. Slot s belongs to block s // block_size.
+    Zero-initialised so padded reads never see NaNs. Slot s belongs to block s // block_size.
     """
 
     def __init__(
@@ -57,6 +72,33 @@ class PagedKVCache:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes
 
 
+def select_attention_backend(
+    requested: str, device: torch.device, dtype: torch.dtype, head_dim: int
+) -> Literal["cpu-kernel", "torch"]:
+    """``auto`` takes the CPU kernel where it applies (CPU, float32, a compiled head_dim);
+    asking for ``cpu-kernel`` where it does not is a ValueError naming the reason."""
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention_backend {requested!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
+        )
+    if requested == "torch":
+        return "torch"
+    reason = ""
+    if device.type != "cpu":
+        reason = f"the CPU kernel does not run on {device}"
+    elif dtype != torch.float32:
+        reason = f"the CPU kernel is float32 only, not {dtype}"
+    elif paged_attention_kernel() is None:
+        reason = unavailable_reason()
+    elif head_dim not in kernel_head_dims():
+        reason = f"the CPU kernel has no head_dim {head_dim} (has {kernel_head_dims()})"
+    if not reason:
+        return "cpu-kernel"
+    if requested == "cpu-kernel":
+        raise ValueError(f"attention_backend 'cpu-kernel' is not available: {reason}")
+    return "torch"
+
+
 def paged_attention(
     layer: int,
     cache: PagedKVCache,
@@ -70,31 +112,17 @@ def paged_attention(
     k_cache, v_cache = cache.keys[layer], cache.values[layer]
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
-    for seg in meta.prefills:
-        rows = slice(seg.q_start, seg.q_start + seg.q_len)
-        qs = q[rows].transpose(0, 1)  # [H, q, D]
-        if seg.causal_mask is None:  # nothing computed before: the keys are this step's own
-            ks, vs = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
-        else:
-            ks = k_cache[seg.key_slots].transpose(0, 1)  # [KVH, ctx, D]
-            vs = v_cache[seg.key_slots].transpose(0, 1)
-        o = F.scaled_dot_product_attention(
-            qs.unsqueeze(0),
-            ks.unsqueeze(0),
-            vs.unsqueeze(0),
-            attn_mask=seg.causal_mask,
-            is_causal=seg.causal_mask is None,
-            scale=scale,
-            enable_gqa=True,
+    if meta.use_kernel:
+        kernel = paged_attention_kernel()
+        assert kernel is not None
+        return kernel(
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            scale,
+            meta.block_size,
         )
-        out[rows] = o[0].transpose(0, 1)
-    if meta.decode_token_idx.numel():
-        qd = q[meta.decode_token_idx].unsqueeze(2)  # [D, H, 1, Dh]
-        kd = k_cache[meta.decode_key_slots].transpose(1, 2)  # [D, KVH, ctx, Dh]
-        vd = v_cache[meta.decode_key_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
-        out[meta.decode_token_idx] = o.squeeze(2)
-    return out
+    return torch_paged_attention(k_cache, v_cache, q, k, v, meta.torch_plan(), scale)

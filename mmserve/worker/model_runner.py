@@ -10,7 +10,7 @@ import torch
 
 from mmserve.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from mmserve.inputs import MultiModalItem
-from mmserve.layers.attention import AttentionMetadata, PagedKVCache, PrefillSegment
+from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.encoder_runner import EncoderRunner
@@ -52,10 +52,19 @@ class ModelRunner:
     Positions are token indices, except for models with ``uses_mrope``: their
     ``mrope_positions(num_tokens, mm_items)`` is computed once when the worker (re)sees a request
     and each chunk or decode step takes a slice of it (``MRopePositions.slice``).
+
+    Attention metadata is built once per step for every layer: block tables, query_start_loc
+    and seq_lens (what the CPU kernel reads, ``attention_backend == "cpu-kernel"``); the torch
+    fallback derives its gather plan from them on first use.
     """
 
     def __init__(
-        self, model: VisionLanguageModel, kv_cache: PagedKVCache, device: torch.device, seed: int
+        self,
+        model: VisionLanguageModel,
+        kv_cache: PagedKVCache,
+        device: torch.device,
+        seed: int,
+        attention_backend: str = "torch",
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -66,6 +75,7 @@ class ModelRunner:
         self._seeds = random.Random(seed)
         self._parked_generators: dict[str, torch.Generator] = {}
         self.uses_mrope = model.uses_mrope
+        self.attention_backend = attention_backend
 
     def _add_request(self, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -161,13 +171,9 @@ class ModelRunner:
             num_images_encoded=self.encoder.num_images_encoded - images,
         )
 
-    def _slots(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
-
     def _build_batch(self, sched: SchedulerOutput) -> FlatBatch:
         ids: list[int] = []
-        positions, slots, prefills = [], [], []
-        decode_idx, decode_slots = [], []
+        mrope_positions, tables, query_lens, seq_lens = [], [], [], []
         mm_dst, mm_src = [], []
         sample_idx, sample_req_ids = [], []
         offset = 0
@@ -175,21 +181,11 @@ class ModelRunner:
             state = self.states[req_id]
             start, end = state.num_computed_tokens, state.num_computed_tokens + n
             ids.extend(state.token_ids[start:end])
-            all_pos = torch.arange(end)
-            all_slots = self._slots(state.block_table, all_pos)
-            if state.mrope is None:
-                positions.append(all_pos[start:])
-            else:
-                positions.append(state.mrope.slice(start, end))
-            slots.append(all_slots[start:])
-            if n == 1 and start > 0:
-                decode_idx.append(offset)
-                decode_slots.append(all_slots)
-            else:
-                mask = None
-                if start > 0:
-                    mask = (torch.arange(n)[:, None] + start) >= torch.arange(end)[None, :]
-                prefills.append(PrefillSegment(offset, n, all_slots, mask))
+            if state.mrope is not None:
+                mrope_positions.append(state.mrope.slice(start, end))
+            tables.append(state.block_table)
+            query_lens.append(n)
+            seq_lens.append(end)
             for item in state.mm_items:
                 lo, hi = max(start, item.offset), min(end, item.end)
                 if lo < hi:
@@ -199,31 +195,29 @@ class ModelRunner:
                 sample_idx.append(offset + n - 1)
                 sample_req_ids.append(req_id)
             offset += n
-        max_ctx = max((s.numel() for s in decode_slots), default=0)
-        key_slots = torch.zeros(len(decode_slots), max_ctx, dtype=torch.long)
-        valid = torch.zeros(len(decode_slots), max_ctx, dtype=torch.bool)
-        for row, s in enumerate(decode_slots):
-            key_slots[row, : s.numel()] = s
-            valid[row, : s.numel()] = True
+        q_lens, lens = torch.tensor(query_lens), torch.tensor(seq_lens)
+        query_start_loc = torch.zeros(len(query_lens) + 1, dtype=torch.long)
+        torch.cumsum(q_lens, 0, out=query_start_loc[1:])
+        row = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
+        pos = torch.arange(offset) - query_start_loc[row] + (lens - q_lens)[row]
+        block_tables = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)
+        bs = self.block_size
+        slot_mapping = block_tables[row, pos // bs] * bs + pos % bs
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slots).to(dev),
-            prefills=[
-                PrefillSegment(
-                    p.q_start,
-                    p.q_len,
-                    p.key_slots.to(dev),
-                    None if p.causal_mask is None else p.causal_mask.to(dev),
-                )
-                for p in prefills
-            ],
-            decode_token_idx=torch.tensor(decode_idx, dtype=torch.long, device=dev),
-            decode_key_slots=key_slots.to(dev),
-            decode_mask=valid[:, None, None, :].to(dev),
+            slot_mapping=slot_mapping.to(dev),
+            query_start_loc=query_start_loc.to(dev, torch.int32),
+            seq_lens=lens.to(dev, torch.int32),
+            block_tables=block_tables.to(dev, torch.int32),
+            block_size=bs,
+            query_lens_host=query_lens,
+            seq_lens_host=seq_lens,
+            use_kernel=self.attention_backend == "cpu-kernel",
         )
+        positions = torch.cat(mrope_positions, dim=-1) if self.uses_mrope else pos
         return FlatBatch(
             token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.cat(positions, dim=-1).to(dev),
+            positions=positions.to(dev),
             meta=meta,
             mm_dst=torch.cat(mm_dst).to(dev) if mm_dst else torch.empty(0, dtype=torch.long),
             mm_src=mm_src,

@@ -1,0 +1,152 @@
+"""The compiled CPU paged-attention kernel and the pure-torch fallback against a naive
+reference (gather every key, one masked softmax per query), over mixed batches."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from mmserve.kernels import VARIANTS_BY_CAPABILITY, paged_attention_kernel, unavailable_reason
+from mmserve.layers.attention import (
+    AttentionMetadata,
+    PagedKVCache,
+    paged_attention,
+    select_attention_backend,
+)
+
+CPU = torch.device("cpu")
+
+
+def build_batch(seqs: list[tuple[int, int]], block_size: int, num_blocks: int, seed: int):
+    """seqs: (keys after this step, queries this step); blocks drawn at random (fragmented)."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables, used = [], 0
+    for total, _ in seqs:
+        n = -(-total // block_size)
+        tables.append(perm[used : used + n])
+        used += n
+    q_lens = torch.tensor([n for _, n in seqs])
+    lens = torch.tensor([total for total, _ in seqs])
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.long)
+    torch.cumsum(q_lens, 0, out=qsl[1:])
+    row = torch.repeat_interleave(torch.arange(len(seqs)), q_lens)
+    pos = torch.arange(int(qsl[-1])) - qsl[row] + (lens - q_lens)[row]
+    table = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)
+    slots = table[row, pos // block_size] * block_size + pos % block_size
+    return table, qsl, lens, slots
+
+
+def naive_attention(q, k_cache, v_cache, table, qsl, lens, block_size, scale):
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for b in range(len(lens)):
+        total, start, end = int(lens[b]), int(qsl[b]), int(qsl[b + 1])
+        pos = torch.arange(total)
+        slots = table[b, pos // block_size] * block_size + pos % block_size
+        k = k_cache[slots].repeat_interleave(group, dim=1).transpose(0, 1)  # [H, total, D]
+        v = v_cache[slots].repeat_interleave(group, dim=1).transpose(0, 1)
+        qs = q[start:end].transpose(0, 1).double()
+        scores = qs @ k.double().transpose(1, 2) * scale
+        q_pos = torch.arange(end - start)[:, None] + total - (end - start)
+        scores = scores.masked_fill(pos[None, :] > q_pos, float("-inf"))
+        out[start:end] = (scores.softmax(-1) @ v.double()).transpose(0, 1).float()
+    return out
+
+
+BATCHES = {
+    "decodes": [(330, 1)] * 9,
+    "fresh prefills": [(40, 40), (17, 17), (1, 1)],
+    "continued chunks": [(70, 33), (16, 16), (95, 2)],
+    "mixed step": [(129, 1), (50, 50), (200, 64), (3, 1), (33, 17)],
+}
+
+
+@pytest.mark.parametrize("backend", ["cpu-kernel", "torch"])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size"),
+    [(8, 4, 64, 16), (4, 4, 32, 16), (7, 1, 128, 32), (6, 2, 80, 5)],
+)
+def test_matches_naive_reference(backend, batch, heads, kv_heads, head_dim, block_size):
+    seqs = BATCHES[batch]
+    num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 7
+    cache = PagedKVCache(1, num_blocks, block_size, kv_heads, head_dim, torch.float32, CPU)
+    table, qsl, lens, slots = build_batch(seqs, block_size, num_blocks, seed=heads)
+    gen = torch.Generator().manual_seed(1)
+    cache.keys[0].normal_(generator=gen)
+    cache.values[0].normal_(generator=gen)
+    tokens = int(qsl[-1])
+    q = torch.randn(tokens, heads, head_dim, generator=gen)
+    k = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    v = torch.randn(tokens, kv_heads, head_dim, generator=gen)
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        query_start_loc=qsl.int(),
+        seq_lens=lens.int(),
+        block_tables=table.int(),
+        block_size=block_size,
+        query_lens_host=[n for _, n in seqs],
+        seq_lens_host=[total for total, _ in seqs],
+        use_kernel=backend == "cpu-kernel",
+    )
+    scale = head_dim**-0.5
+    out = paged_attention(0, cache, q, k, v, meta, scale)
+    assert torch.equal(cache.keys[0][slots], k) and torch.equal(cache.values[0][slots], v)
+    keys, values = cache.keys[0], cache.values[0]
+    expected = naive_attention(q, keys, values, table, qsl, lens, block_size, scale)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_kernel_was_built():
+    """CI installs with the kernels; the engine's default backend on CPU is the kernel."""
+    assert paged_attention_kernel() is not None, unavailable_reason()
+    assert select_attention_backend("auto", CPU, torch.float32, 64) == "cpu-kernel"
+
+
+def test_backend_selection_falls_back_or_names_the_reason():
+    assert select_attention_backend("auto", CPU, torch.bfloat16, 64) == "torch"
+    assert select_attention_backend("auto", CPU, torch.float32, 48) == "torch"
+    assert select_attention_backend("torch", CPU, torch.float32, 64) == "torch"
+    with pytest.raises(ValueError, match="float32 only"):
+        select_attention_backend("cpu-kernel", CPU, torch.bfloat16, 64)
+    with pytest.raises(ValueError, match="head_dim 48"):
+        select_attention_backend("cpu-kernel", CPU, torch.float32, 48)
+    with pytest.raises(ValueError, match="'flash'"):
+        select_attention_backend("flash", CPU, torch.float32, 64)
+
+
+def test_kernel_rejects_out_of_range_blocks():
+    kernel = paged_attention_kernel()
+    assert kernel is not None, unavailable_reason()
+    k_cache = torch.zeros(4 * 16, 2, 64)
+    q = torch.zeros(1, 2, 64)
+    table = torch.tensor([[9]], dtype=torch.int32)
+    qsl, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="block id 9 out of range"):
+        kernel(q, k_cache, k_cache, table, qsl, lens, 0.125, 16)
+    with pytest.raises(RuntimeError, match="block table too short"):
+        kernel(q, k_cache, k_cache, table[:, :0].contiguous(), qsl, lens, 0.125, 16)
+
+
+@pytest.mark.parametrize("variant", ["avx2", "avx512"])
+def test_every_built_variant_matches_the_reference(variant):
+    """Each instruction-set build this CPU can run (the loader only picks the widest)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if variant not in VARIANTS_BY_CAPABILITY.get(capability, ()):
+        pytest.skip(f"this CPU ({capability}) cannot run the {variant} build")
+    module = importlib.import_module(f"mmserve.kernels._paged_attention_{variant}")
+    seqs, block_size = BATCHES["mixed step"], 16
+    num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
+    table, qsl, lens, slots = build_batch(seqs, block_size, num_blocks, seed=3)
+    gen = torch.Generator().manual_seed(2)
+    k_cache = torch.randn(num_blocks * block_size, 2, 64, generator=gen)
+    v_cache = torch.randn(num_blocks * block_size, 2, 64, generator=gen)
+    q = torch.randn(int(qsl[-1]), 8, 64, generator=gen)
+    out = module.paged_attention(
+        q, k_cache, v_cache, table.int(), qsl.int(), lens.int(), 0.125, block_size
+    )
+    expected = naive_attention(q, k_cache, v_cache, table, qsl, lens, block_size, 0.125)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
