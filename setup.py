@@ -12,7 +12,12 @@ import sys
 
 from setuptools import setup
 
-SOURCES = ["mmserve/kernels/csrc/paged_attention.cpp"]
+SOURCES = [
+    "mmserve/kernels/csrc/module.cpp",
+    "mmserve/kernels/csrc/paged_attention.cpp",
+    "mmserve/kernels/csrc/fused_ops.cpp",
+]
+HEADERS = ["mmserve/kernels/csrc/ops.h", "mmserve/kernels/csrc/paged_attention_kernels.h"]
 COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
 X86_VARIANTS = {
     "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma"],
@@ -30,8 +35,9 @@ def kernel_extensions() -> tuple[list, dict]:
     variants = X86_VARIANTS if machine in ("x86_64", "amd64") else {"generic": []}
     extensions = [
         CppExtension(
-            f"mmserve.kernels._paged_attention_{name}",
+            f"mmserve.kernels._C_{name}",
             SOURCES,
+            depends=HEADERS,
             extra_compile_args=COMMON_FLAGS + flags,
             extra_link_args=["-fopenmp"],
         )

@@ -137,7 +137,7 @@ def test_every_built_variant_matches_the_reference(variant):
     capability = torch.backends.cpu.get_cpu_capability()
     if variant not in VARIANTS_BY_CAPABILITY.get(capability, ()):
         pytest.skip(f"this CPU ({capability}) cannot run the {variant} build")
-    module = importlib.import_module(f"mmserve.kernels._paged_attention_{variant}")
+    module = importlib.import_module(f"mmserve.kernels._C_{variant}")
     seqs, block_size = BATCHES["mixed step"], 16
     num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
     table, qsl, lens, slots = build_batch(seqs, block_size, num_blocks, seed=3)

@@ -1,13 +1,16 @@
 """mmserve's compiled CPU kernels, when the install built them (see ``setup.py``).
 
-``paged_attention_kernel()`` returns the extension's ``paged_attention`` for this CPU (the
-widest instruction-set variant the CPU runs), or None; ``unavailable_reason()`` says why not.
+``cpu_ops()`` is the extension module for this CPU (the widest instruction-set variant it
+runs: ``paged_attention``, ``rms_norm``, ``add_rms_norm``, ``rotary_embedding``), or None;
+``unavailable_reason()`` says why not. ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off
+(the pure-torch paths run instead).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -26,15 +29,22 @@ VARIANTS_BY_CAPABILITY = {
 
 
 @cache
-def _load() -> tuple[Any | None, str]:
+def _load() -> tuple[Any, str]:
+    if os.environ.get("MMSERVE_DISABLE_CPU_KERNELS", "") not in ("", "0"):
+        return None, "MMSERVE_DISABLE_CPU_KERNELS is set"
     capability = torch.backends.cpu.get_cpu_capability()
     errors = []
     for variant in VARIANTS_BY_CAPABILITY.get(capability, ("generic",)):
         try:
-            return importlib.import_module(f"mmserve.kernels._paged_attention_{variant}"), ""
+            return importlib.import_module(f"mmserve.kernels._C_{variant}"), ""
         except ImportError as exc:
             errors.append(f"{variant}: {exc}")
     return None, f"no CPU kernel for capability {capability} ({'; '.join(errors)})"
+
+
+def cpu_ops() -> Any:
+    """The extension module, or None."""
+    return _load()[0]
 
 
 def paged_attention_kernel() -> Callable[..., torch.Tensor] | None:
@@ -49,3 +59,15 @@ def kernel_head_dims() -> tuple[int, ...]:
 
 def unavailable_reason() -> str:
     return _load()[1]
+
+
+def cpu_kernels_apply(*tensors: torch.Tensor) -> bool:
+    """The compiled CPU ops apply: contiguous float32 CPU tensors, nothing for autograd to
+    record (they have no backward)."""
+    if cpu_ops() is None:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors
+    )

@@ -115,8 +115,9 @@ def paged_attention(
     if meta.use_kernel:
         kernel = paged_attention_kernel()
         assert kernel is not None
+        heads_contiguous = q.stride(2) == 1 and q.stride(1) == q.shape[2]
         return kernel(
-            q.contiguous(),
+            q if heads_contiguous else q.contiguous(),
             k_cache,
             v_cache,
             meta.block_tables,

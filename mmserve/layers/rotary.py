@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmserve.kernels import cpu_kernels_apply, cpu_ops
+
 
 class RotaryEmbedding(nn.Module):
     """Default RoPE: cos/sin per position computed in float32 exactly as HF does."""
@@ -34,6 +36,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x: [T, heads, head_dim]; cos/sin: [T, head_dim]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + _rotate_half(x) * sin
+
+
+def apply_rope_to_heads_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """RoPE in place on heads [0, heads) of each row of ``x`` [T, width] (fused qkv rows: q's
+    and k's heads lead). The CPU kernel rounds exactly as ``apply_rope``."""
+    if cpu_kernels_apply(x, cos, sin):
+        cpu_ops().rotary_embedding(x, heads, cos, sin)
+        return
+    dim = cos.shape[-1]
+    qk = x[:, : heads * dim].view(x.shape[0], heads, dim)
+    qk.copy_(apply_rope(qk, cos, sin))
 
 
 def rope_theta(cfg: Any) -> float:

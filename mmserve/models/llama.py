@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
+from mmserve.layers.fused_linear import FusedLinears
 from mmserve.layers.norm import RMSNorm
-from mmserve.layers.rotary import RotaryEmbedding, apply_rope, rope_theta
+from mmserve.layers.rotary import RotaryEmbedding, apply_rope_to_heads_, rope_theta
 
 
 class Attention(nn.Module):
@@ -29,15 +30,23 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata):
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = paged_attention(self.layer_idx, cache, q, k, v, meta, self.scale)
-        return self.o_proj(out.reshape(t, -1))
+        t, d = x.shape[0], self.head_dim
+        qkv = self.qkv(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
+        apply_rope_to_heads_(qkv, self.num_heads + self.num_kv_heads, cos, sin)
+        q, k, v = qkv.split(self.qkv.split_sizes, dim=-1)
+        out = paged_attention(
+            self.layer_idx,
+            cache,
+            q.view(t, self.num_heads, d),
+            k.view(t, self.num_kv_heads, d),
+            v.view(t, self.num_kv_heads, d),
+            meta,
+            self.scale,
+        )
+        return self.o_proj(out.view(t, -1))
 
 
 class MLP(nn.Module):
@@ -46,9 +55,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up = FusedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).split(self.gate_up.split_sizes, dim=-1)
+        return self.down_proj(nn.functional.silu(gate, inplace=True) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -59,9 +70,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, cache, meta):
+        """(this layer's MLP output, the residual stream before adding it): the residual add
+        is fused into the next norm, as in vLLM; the sums are HF's, in the same order."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            residual, h = self.input_layernorm.add_and_norm(residual, x)
+        h = self.self_attn(h, cos, sin, cache, meta)
+        residual, h = self.post_attention_layernorm.add_and_norm(residual, h)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -100,10 +118,11 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
-        x = inputs_embeds
+        x, residual = inputs_embeds, None
         for layer in self.layers:
-            x = layer(x, cos, sin, cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, cache, meta)
+        assert residual is not None, "a decoder without layers"
+        return self.norm.add_and_norm(residual, x)[1]
 
 
 class LlamaLMHeadMixin:

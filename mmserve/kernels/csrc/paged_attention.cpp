@@ -12,7 +12,8 @@
 // estimated cost. Each item runs an online softmax over 16-key chunks (flash-attention style)
 // with float32 accumulators; prefill tiles vectorize scores and softmax across query rows,
 // decodes take one dot product per key.
-#include <torch/extension.h>
+#include "ops.h"
+#include "paged_attention_kernels.h"
 
 #include <ATen/Parallel.h>
 
@@ -26,268 +27,7 @@
 
 namespace {
 
-// GCC/Clang vector extensions: 16 floats, lowered to one AVX-512 or two AVX2 registers.
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-constexpr int L = 16;         // lanes
-constexpr int KC = 16;        // keys per chunk
-constexpr int TILE_ROWS = 32; // query rows (positions x heads of a kv group) per prefill item
-constexpr int RB = 4;         // rows per register block in P @ V
-constexpr int TG = 8;         // keys per register block in Q @ K^T
-constexpr float EXP_FLOOR = -87.3f;
-constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-
-struct Args {
-  const float* q;
-  const float* k_cache;
-  const float* v_cache;
-  float* out;
-  const int32_t* block_tables;
-  const int32_t* query_start_loc;
-  const int32_t* seq_lens;
-  int64_t max_blocks;
-  int64_t block_size;
-  int64_t num_heads;
-  int64_t num_kv_heads;
-  float scale;
-};
-
-struct WorkItem {
-  int32_t seq;
-  int32_t kv_head;
-  int32_t q_begin;  // query positions [q_begin, q_end) of the sequence's scheduled ones
-  int32_t q_end;
-  int64_t cost;
-};
-
-inline v16f splat(float x) { return v16f{} + x; }
-inline v16f load(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
-
-// exp(x) for softmax arguments (x <= 0): Cephes' expf polynomial, about 1 ulp.
-inline v16f exp16(v16f x) {
-  x = x < EXP_FLOOR ? splat(EXP_FLOOR) : x;
-  const v16f t = x * 1.44269504088896341f + 0.5f;
-  v16f fx = __builtin_convertvector(__builtin_convertvector(t, v16i), v16f);
-  fx = fx > t ? fx - 1.0f : fx;  // floor (truncation rounds negatives up)
-  const v16f r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  v16f y = splat(1.9875691500e-4f);
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const v16i bits = (__builtin_convertvector(fx, v16i) + 127) << 23;
-  return y * (v16f)bits;  // same-size vector cast: a bit cast
-}
-
-inline float hsum(v16f v) {
-  float s = 0.f;
-  for (int i = 0; i < L; ++i) s += v[i];
-  return s;
-}
-
-inline float hmax(v16f v) {
-  float m = v[0];
-  for (int i = 1; i < L; ++i) m = std::max(m, v[i]);
-  return m;
-}
-
-template <int D>
-inline float dot(const float* a, const float* b) {
-  v16f acc{};
-  for (int d = 0; d < D; d += L) acc += load(a + d) * load(b + d);
-  return hsum(acc);
-}
-
-struct KeyChunk {
-  const float* k[KC];
-  const float* v[KC];
-  int n;
-};
-
-// Pointers to keys [k0, k0 + n) of one kv head, read in place through the block table; slots
-// past n point at a zero row so full-width loops need no bounds checks.
-template <int D>
-inline void gather_pointers(const Args& a, const int32_t* table, int kv_head, int k0, int n,
-                            const float* zeros, KeyChunk& c) {
-  const int64_t stride = a.num_kv_heads * D;
-  c.n = n;
-  for (int t = 0; t < KC; ++t) {
-    if (t < n) {
-      const int k = k0 + t;
-      const int64_t slot =
-          static_cast<int64_t>(table[k / a.block_size]) * a.block_size + k % a.block_size;
-      c.k[t] = a.k_cache + slot * stride + kv_head * D;
-      c.v[t] = a.v_cache + slot * stride + kv_head * D;
-    } else {
-      c.k[t] = c.v[t] = zeros;
-    }
-  }
-}
-
-// acc[r] += sum_t p[t][r] * V[t] for rows [0, rows_padded), rows in blocks of RB.
-template <int D>
-inline void accumulate_pv(const KeyChunk& c, const float* p, int p_stride, float* acc,
-                          int rows_padded) {
-  for (int r = 0; r < rows_padded; r += RB) {
-    v16f o[RB][D / L];
-    for (int rr = 0; rr < RB; ++rr)
-      for (int j = 0; j < D / L; ++j) o[rr][j] = load(acc + (r + rr) * D + j * L);
-    for (int t = 0; t < c.n; ++t) {
-      v16f vv[D / L];
-      for (int j = 0; j < D / L; ++j) vv[j] = load(c.v[t] + j * L);
-      for (int rr = 0; rr < RB; ++rr) {
-        const float pr = p[t * p_stride + r + rr];
-        for (int j = 0; j < D / L; ++j) o[rr][j] += pr * vv[j];
-      }
-    }
-    for (int rr = 0; rr < RB; ++rr)
-      for (int j = 0; j < D / L; ++j) store(acc + (r + rr) * D + j * L, o[rr][j]);
-  }
-}
-
-template <int D>
-struct Scratch {
-  std::vector<float> buf;
-  float *qt, *acc, *p, *zeros;
-  Scratch() : buf(static_cast<size_t>(D) * TILE_ROWS * 2 + KC * TILE_ROWS + D) {
-    qt = buf.data();               // [D][TILE_ROWS]: the tile's queries, rows as lanes
-    acc = qt + D * TILE_ROWS;      // [TILE_ROWS][D]
-    p = acc + D * TILE_ROWS;       // [KC][TILE_ROWS]: scores, then probabilities
-    zeros = p + KC * TILE_ROWS;    // [D]
-  }
-};
-
-template <int D>
-void write_out(const Args& a, const WorkItem& w, int group, const float* acc, const float* l) {
-  const int64_t row0 = a.query_start_loc[w.seq] + w.q_begin;
-  for (int i = 0; i < w.q_end - w.q_begin; ++i) {
-    for (int g = 0; g < group; ++g) {
-      const int r = i * group + g;
-      float* dst = a.out + ((row0 + i) * a.num_heads + w.kv_head * group + g) * D;
-      const float inv = 1.f / l[r];
-      for (int d = 0; d < D; ++d) dst[d] = acc[r * D + d] * inv;
-    }
-  }
-}
-
-// A tile of up to TILE_ROWS query rows: scores and softmax vectorized across rows.
-template <int D>
-void attend_tile(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
-  constexpr int V = TILE_ROWS / L;
-  const int nq = w.q_end - w.q_begin;
-  const int rows = nq * group;
-  const int64_t row0 = a.query_start_loc[w.seq] + w.q_begin;
-  const int q_len = a.query_start_loc[w.seq + 1] - a.query_start_loc[w.seq];
-  const int first_pos = a.seq_lens[w.seq] - q_len + w.q_begin;
-  std::fill(s.qt, s.qt + D * TILE_ROWS, 0.f);
-  std::fill(s.acc, s.acc + D * TILE_ROWS, 0.f);
-  v16i pos[V];
-  for (int r = 0; r < TILE_ROWS; ++r) {
-    pos[r / L][r % L] = r < rows ? first_pos + r / group : -1;
-    if (r >= rows) continue;
-    const float* src = a.q + ((row0 + r / group) * a.num_heads + w.kv_head * group + r % group) * D;
-    for (int d = 0; d < D; ++d) s.qt[d * TILE_ROWS + r] = src[d] * a.scale;
-  }
-  v16f m[V], l[V];
-  for (int j = 0; j < V; ++j) m[j] = splat(NEG_INF), l[j] = v16f{};
-  const int32_t* table = a.block_tables + w.seq * a.max_blocks;
-  const int n_keys = first_pos + nq;
-  KeyChunk c;
-  for (int k0 = 0; k0 < n_keys; k0 += KC) {
-    gather_pointers<D>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
-    for (int t0 = 0; t0 < KC; t0 += TG) {
-      v16f sc[TG][V] = {};
-      for (int d = 0; d < D; ++d) {
-        v16f qv[V];
-        for (int j = 0; j < V; ++j) qv[j] = load(s.qt + d * TILE_ROWS + j * L);
-        for (int t = 0; t < TG; ++t) {
-          const float kv = c.k[t0 + t][d];
-          for (int j = 0; j < V; ++j) sc[t][j] += qv[j] * kv;
-        }
-      }
-      for (int t = 0; t < TG; ++t)
-        for (int j = 0; j < V; ++j) store(s.p + (t0 + t) * TILE_ROWS + j * L, sc[t][j]);
-    }
-    for (int j = 0; j < V; ++j) {
-      v16f mx = splat(NEG_INF);
-      for (int t = 0; t < c.n; ++t) {
-        const v16f x = load(s.p + t * TILE_ROWS + j * L);
-        mx = (k0 + t <= pos[j]) & (x > mx) ? x : mx;
-      }
-      const v16f m_new = mx > m[j] ? mx : m[j];
-      const v16f corr = m_new == NEG_INF ? splat(1.f) : exp16(m[j] - m_new);
-      v16f sum{};
-      for (int t = 0; t < KC; ++t) {
-        float* pt = s.p + t * TILE_ROWS + j * L;
-        if (t >= c.n) {
-          store(pt, v16f{});
-          continue;
-        }
-        const v16f e = k0 + t <= pos[j] ? exp16(load(pt) - m_new) : v16f{};
-        store(pt, e);
-        sum += e;
-      }
-      l[j] = l[j] * corr + sum;
-      m[j] = m_new;
-      for (int i = 0; i < L; ++i) {
-        if (corr[i] == 1.f) continue;
-        float* acc = s.acc + (j * L + i) * D;
-        for (int d = 0; d < D; ++d) acc[d] *= corr[i];
-      }
-    }
-    accumulate_pv<D>(c, s.p, TILE_ROWS, s.acc, (rows + RB - 1) / RB * RB);
-  }
-  float lsum[TILE_ROWS];
-  for (int j = 0; j < V; ++j) store(lsum + j * L, l[j]);
-  write_out<D>(a, w, group, s.acc, lsum);
-}
-
-// One decode (a single query position): its group's few rows, one dot product per key.
-template <int D>
-void attend_decode(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
-  const int64_t row = a.query_start_loc[w.seq];
-  const int n_keys = a.seq_lens[w.seq];
-  const int rows_padded = (group + RB - 1) / RB * RB;
-  float* q = s.qt;  // [rows][D]
-  for (int g = 0; g < group; ++g) {
-    const float* src = a.q + (row * a.num_heads + w.kv_head * group + g) * D;
-    for (int d = 0; d < D; ++d) q[g * D + d] = src[d] * a.scale;
-  }
-  std::fill(s.acc, s.acc + rows_padded * D, 0.f);
-  std::fill(s.p, s.p + KC * TILE_ROWS, 0.f);
-  float m[TILE_ROWS], l[TILE_ROWS];
-  std::fill(m, m + group, NEG_INF);
-  std::fill(l, l + group, 0.f);
-  const int32_t* table = a.block_tables + w.seq * a.max_blocks;
-  KeyChunk c;
-  for (int k0 = 0; k0 < n_keys; k0 += KC) {
-    gather_pointers<D>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
-    for (int g = 0; g < group; ++g) {
-      alignas(64) float sc[KC];
-      for (int t = 0; t < KC; ++t) sc[t] = t < c.n ? dot<D>(q + g * D, c.k[t]) : NEG_INF;
-      const v16f x = load(sc);
-      const float m_new = std::max(m[g], hmax(x));
-      const float corr = m[g] == NEG_INF ? 0.f : std::exp(m[g] - m_new);
-      const v16f e = x == NEG_INF ? v16f{} : exp16(x - m_new);
-      l[g] = l[g] * corr + hsum(e);
-      m[g] = m_new;
-      for (int t = 0; t < KC; ++t) s.p[t * TILE_ROWS + g] = e[t];
-      if (corr != 1.f) {
-        for (int d = 0; d < D; ++d) s.acc[g * D + d] *= corr;
-      }
-    }
-    accumulate_pv<D>(c, s.p, TILE_ROWS, s.acc, rows_padded);
-  }
-  write_out<D>(a, w, group, s.acc, l);
-}
+using namespace mmserve_attention;
 
 std::vector<WorkItem> plan(const Args& a, int64_t num_seqs) {
   std::vector<WorkItem> items;
@@ -351,8 +91,9 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
                   k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
               "k_cache/v_cache must be float32 [slots, kv_heads, head_dim]");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "q, k_cache and v_cache must be contiguous");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "q rows must hold contiguous heads; k_cache and v_cache must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
                   block_tables.is_contiguous(),
               "block_tables must be contiguous int32 [seqs, max_blocks]");
@@ -367,14 +108,15 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
   TORCH_CHECK(num_heads / num_kv_heads <= TILE_ROWS, "more than ", TILE_ROWS,
               " query heads per kv head");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
-  auto out = torch::empty_like(q);
+  auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   const auto qsl = query_start_loc.contiguous();
   const auto lens = seq_lens.contiguous();
   TORCH_CHECK(qsl[num_seqs].item<int32_t>() == q.size(0), "query_start_loc[-1] != tokens");
   Args a{q.data_ptr<float>(),          k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
          out.data_ptr<float>(),        block_tables.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(),
          lens.data_ptr<int32_t>(),     block_tables.size(1),      block_size,
-         num_heads,                    num_kv_heads,              static_cast<float>(scale)};
+         num_heads,                    num_kv_heads,              static_cast<float>(scale),
+         q.stride(0)};
   const int64_t num_blocks = k_cache.size(0) / block_size;
   const int32_t* table = a.block_tables;
   for (int64_t i = 0; i < num_seqs * a.max_blocks; ++i) {
@@ -396,9 +138,4 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
     default: TORCH_CHECK(false, "unsupported head_dim ", head_dim, " (32, 64, 80, 96, 128, 256)");
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "causal paged attention over block tables (CPU)");
-  m.def("supported_head_dims", []() { return std::vector<int64_t>{32, 64, 80, 96, 128, 256}; });
 }

@@ -1,0 +1,94 @@
+"""The compiled RMSNorm / residual-add / RoPE ops against the pure-torch ones they replace, and
+fused q/k/v and gate/up projections against the separate layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mmserve.kernels import cpu_kernels_apply, cpu_ops, unavailable_reason
+from mmserve.layers.fused_linear import FusedLinears
+from mmserve.layers.norm import RMSNorm
+from mmserve.layers.rotary import RotaryEmbedding, apply_rope, apply_rope_to_heads_
+
+
+@pytest.fixture(autouse=True)
+def kernels_built():
+    assert cpu_ops() is not None, unavailable_reason()
+
+
+def torch_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    x64 = x.double()
+    return (
+        norm.weight.double() * x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + norm.eps)
+    ).float()
+
+
+@pytest.mark.parametrize("dim", [512, 100, 7])
+def test_rms_norm_and_fused_add(dim):
+    gen = torch.Generator().manual_seed(dim)
+    norm = RMSNorm(dim, 1e-6)
+    with torch.no_grad():
+        norm.weight.normal_(generator=gen)
+    x = torch.randn(37, dim, generator=gen) * 3
+    delta = torch.randn(37, dim, generator=gen)
+    with torch.inference_mode():
+        assert cpu_kernels_apply(x, norm.weight)
+        torch.testing.assert_close(norm(x), torch_rms_norm(norm, x), rtol=2e-6, atol=1e-6)
+        expected_sum = x + delta
+        residual = x.clone()
+        summed, normed = norm.add_and_norm(residual, delta)
+    assert summed is residual and torch.equal(summed, expected_sum)  # in place, bit-exact
+    torch.testing.assert_close(normed, torch_rms_norm(norm, expected_sum), rtol=2e-6, atol=1e-6)
+
+
+def test_rms_norm_falls_back_off_the_kernel_path():
+    norm = RMSNorm(16, 1e-6).to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    assert not cpu_kernels_apply(x, norm.weight)
+    with torch.inference_mode():
+        residual, normed = norm.add_and_norm(x, x)
+    assert normed.dtype == torch.bfloat16 and torch.equal(residual, x + x)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(8, 4, 64), (2, 2, 6)])
+def test_rope_on_fused_rows_is_bit_exact(heads, kv_heads, head_dim):
+    gen = torch.Generator().manual_seed(heads)
+    tokens = 29
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    cos, sin = RotaryEmbedding(head_dim, 10000.0)(torch.arange(100, 100 + tokens), torch.float32)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    expected_q = apply_rope(q.reshape(tokens, heads, head_dim), cos, sin)
+    expected_k = apply_rope(k.reshape(tokens, kv_heads, head_dim), cos, sin)
+    expected_v = v.clone()
+    with torch.inference_mode():
+        fused = qkv.clone()
+        apply_rope_to_heads_(fused, heads + kv_heads, cos, sin)
+    q2, k2, v2 = fused.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    assert torch.equal(q2.reshape(tokens, heads, head_dim), expected_q)
+    assert torch.equal(k2.reshape(tokens, kv_heads, head_dim), expected_k)
+    assert torch.equal(v2, expected_v)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_linears_match_separate_layers_and_share_memory(bias):
+    torch.manual_seed(0)
+    layers = [nn.Linear(32, n, bias=bias) for n in (16, 8, 8)]
+    x = torch.randn(5, 32)
+    expected = torch.cat([lin(x) for lin in layers], dim=-1)
+    fused = FusedLinears(*layers)
+    with torch.inference_mode():
+        out = fused(x)
+    torch.testing.assert_close(out, expected)
+    assert layers[1].weight.data_ptr() == layers[0].weight.data_ptr() + 16 * 32 * 4
+    with torch.no_grad():  # a later load into one layer reaches the fused weight
+        layers[2].weight.zero_()
+    with torch.inference_mode():
+        assert torch.count_nonzero(fused(x)[:, 24:] - (layers[2].bias if bias else 0)) == 0
+
+
+def test_fused_linears_refuse_mixed_biases():
+    fused = FusedLinears(nn.Linear(4, 4, bias=True), nn.Linear(4, 4, bias=False))
+    with pytest.raises(ValueError, match="biases"):
+        fused(torch.randn(1, 4))
