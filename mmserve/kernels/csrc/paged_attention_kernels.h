@@ -18,6 +18,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 constexpr int L = 16;         // lanes
 constexpr int KC = 16;        // keys per chunk
+static_assert(KC == L, "a key chunk is one vector of scores");
 constexpr int TILE_ROWS = 32; // query rows (positions x heads of a kv group) per prefill item
 constexpr int RB = 4;         // rows per register block in P @ V
 constexpr int TG = 8;         // keys per register block in Q @ K^T
@@ -86,11 +87,27 @@ inline float hmax(v16f v) {
   return m;
 }
 
-template <int D>
-inline float dot(const float* a, const float* b) {
-  v16f acc{};
-  for (int d = 0; d < D; d += L) acc += load(a + d) * load(b + d);
-  return hsum(acc);
+// Sums of 16 vectors at once: lane t of the result is the sum of a[t]'s lanes (a shuffle tree:
+// 15 pairs of shuffles instead of 16 horizontal sums).
+inline v16f sum16x16(v16f* a) {
+  static const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  static const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  static const v16i lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  static const v16i hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  static const v16i lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  static const v16i hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  static const v16i even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  static const v16i odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  for (int i = 0; i < 8; ++i)
+    a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo8) +
+           __builtin_shuffle(a[2 * i], a[2 * i + 1], hi8);
+  for (int i = 0; i < 4; ++i)
+    a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo4) +
+           __builtin_shuffle(a[2 * i], a[2 * i + 1], hi4);
+  for (int i = 0; i < 2; ++i)
+    a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo2) +
+           __builtin_shuffle(a[2 * i], a[2 * i + 1], hi2);
+  return __builtin_shuffle(a[0], a[1], even) + __builtin_shuffle(a[0], a[1], odd);
 }
 
 struct KeyChunk {
@@ -106,13 +123,13 @@ inline void gather_pointers(const Args& a, const int32_t* table, int kv_head, in
                             const float* zeros, KeyChunk& c) {
   const int64_t stride = a.num_kv_heads * D;
   c.n = n;
+  int64_t block = k0 / a.block_size, offset = k0 % a.block_size;  // one division per chunk
   for (int t = 0; t < KC; ++t) {
     if (t < n) {
-      const int k = k0 + t;
-      const int64_t slot =
-          static_cast<int64_t>(table[k / a.block_size]) * a.block_size + k % a.block_size;
+      const int64_t slot = static_cast<int64_t>(table[block]) * a.block_size + offset;
       c.k[t] = a.k_cache + slot * stride + kv_head * D;
       c.v[t] = a.v_cache + slot * stride + kv_head * D;
+      if (++offset == a.block_size) offset = 0, ++block;
     } else {
       c.k[t] = c.v[t] = zeros;
     }
@@ -259,9 +276,13 @@ void attend_decode(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
   for (int k0 = 0; k0 < n_keys; k0 += KC) {
     gather_pointers<D>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
     for (int g = 0; g < group; ++g) {
-      alignas(64) float sc[KC];
-      for (int t = 0; t < KC; ++t) sc[t] = t < c.n ? dot<D>(q + g * D, c.k[t]) : NEG_INF;
-      const v16f x = load(sc);
+      v16f partial[KC];
+      for (int t = 0; t < KC; ++t) {
+        partial[t] = v16f{};
+        for (int d = 0; d < D; d += L) partial[t] += load(q + g * D + d) * load(c.k[t] + d);
+      }
+      v16f x = sum16x16(partial);
+      for (int t = c.n; t < KC; ++t) x[t] = NEG_INF;
       const float m_new = std::max(m[g], hmax(x));
       const float corr = m[g] == NEG_INF ? 0.f : std::exp(m[g] - m_new);
       const v16f e = x == NEG_INF ? v16f{} : exp16(x - m_new);
