@@ -87,12 +87,14 @@ class CLIPAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(batch, seq, dim))
 
 
-class CLIPMLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+class VisionMLP(nn.Module):
+    """fc1 -> activation -> fc2 (CLIP's and Qwen2-VL's ViT MLP, transformers' names)."""
+
+    def __init__(self, dim: int, hidden_dim: int, hidden_act: str) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACT2FN[config.hidden_act]
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = ACT2FN[hidden_act]
+        self.fc2 = nn.Linear(hidden_dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -104,7 +106,7 @@ class CLIPEncoderLayer(nn.Module):
         dim, eps = config.hidden_size, config.layer_norm_eps
         self.self_attn = CLIPAttention(dim, config.num_attention_heads)
         self.layer_norm1 = nn.LayerNorm(dim, eps=eps)
-        self.mlp = CLIPMLP(config)
+        self.mlp = VisionMLP(dim, config.intermediate_size, config.hidden_act)
         self.layer_norm2 = nn.LayerNorm(dim, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.activations import ACT2FN
 
 from mmserve.layers.rotary import apply_rope
+from mmserve.models.clip_vision import VisionMLP
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches
 
@@ -63,17 +63,6 @@ class VisionAttention(nn.Module):
         return self.proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
 
-class VisionMlp(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int, hidden_act: str) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = ACT2FN[hidden_act]
-        self.fc2 = nn.Linear(hidden_dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class VisionBlock(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -81,7 +70,7 @@ class VisionBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = VisionAttention(dim, config.num_heads)
-        self.mlp = VisionMlp(dim, int(dim * config.mlp_ratio), config.hidden_act)
+        self.mlp = VisionMLP(dim, int(dim * config.mlp_ratio), config.hidden_act)
 
     def forward(self, x, cos, sin, segments) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, segments)
