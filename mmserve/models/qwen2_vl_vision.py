@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmserve.layers.rotary import apply_rope
 from mmserve.models.clip_vision import VisionMLP
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches
@@ -38,6 +37,17 @@ class PatchEmbed(nn.Module):
         return F.linear(patches, self.proj.weight.view(self.embed_dim, -1))
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_half: torch.Tensor) -> torch.Tensor:
+    """RoPE (``x * cos + rotate_half(x) * sin``) in two in-place halves, about half the time
+    of the cat-based form. x: [T, heads, head_dim]; cos: [T, 1, head_dim]; sin_half:
+    [T, 1, head_dim / 2] (both halves of the sin table are equal)."""
+    half = x.shape[-1] // 2
+    out = x * cos
+    out[..., :half].addcmul_(x[..., half:], sin_half, value=-1)
+    out[..., half:].addcmul_(x[..., :half], sin_half)
+    return out
+
+
 class VisionAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
@@ -51,7 +61,7 @@ class VisionAttention(nn.Module):
         """``segments``: (count, length) runs of equal-length attention segments, in order."""
         n, heads, hd = x.shape[0], self.num_heads, self.head_dim
         qkv = self.qkv(x).view(n, 3, heads, hd)
-        qk = apply_rope(qkv[:, :2].reshape(n, 2 * heads, hd).float(), cos, sin).to(x.dtype)
+        qk = rotate(qkv[:, :2].reshape(n, 2 * heads, hd).float(), cos, sin).to(x.dtype)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, 2]
         outs, start = [], 0
         for count, length in segments:
@@ -114,20 +124,20 @@ class Qwen2VisionTransformer(nn.Module):
         return self.merger(x)
 
     def rotary(self, grids: Sequence[Grid], device: torch.device) -> tuple[torch.Tensor, ...]:
-        """cos/sin [patches, head_dim] (float32) of the 2-D rotary embedding: the first half of
-        the rotated pairs turns with the patch row, the second with its column, in the
-        block-major patch order of the processor. One table per distinct grid."""
+        """cos [patches, 1, head_dim] and sin [patches, 1, head_dim / 2] (float32) of the 2-D
+        rotary embedding: the first half of the rotated pairs turns with the patch row, the
+        second with its column, in the block-major patch order of the processor. One table per
+        distinct grid."""
         quarter = self.head_dim // 2
         exponents = torch.arange(0, quarter, 2, dtype=torch.float) / quarter
         inv_freq = (1.0 / self.rope_theta**exponents).to(device)
-        tables: dict[Grid, tuple[torch.Tensor, torch.Tensor]] = {}
+        tables: dict[Grid, torch.Tensor] = {}
         for grid in grids:
             if grid not in tables:
                 freqs = self._positions(grid, device)[..., None].float() * inv_freq
-                emb = freqs.flatten(1).repeat(1, 2)  # [h-freqs, w-freqs] twice
-                tables[grid] = (emb.cos(), emb.sin())
-        cos, sin = zip(*(tables[g] for g in grids), strict=True)
-        return torch.cat(cos), torch.cat(sin)
+                tables[grid] = freqs.flatten(1)  # [h-freqs, w-freqs]: half the head dim
+        angles = torch.cat([tables[g] for g in grids]).unsqueeze(1)
+        return angles.cos().repeat(1, 1, 2), angles.sin()
 
     def _positions(self, grid: Grid, device: torch.device) -> torch.Tensor:
         """(row, column) of each patch, [t*h*w, 2], in merge-block-major order."""
