@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlavaForConditionalGeneration as HFLlava
 from transformers import Qwen2VLForConditionalGeneration as HFQwen2VL
+from transformers.activations import ACT2FN
 
 from mmserve.engine.loading import build_model_config, load_image_processor
-from mmserve.models.clip_vision import layers_to_run
+from mmserve.models.clip_vision import layers_to_run, quick_gelu_
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from mmserve.models.qwen2_vl_vision import PatchEmbed, _equal_runs
@@ -231,6 +232,11 @@ def test_patch_embed_matmul_equals_conv3d(qwen):
     with torch.no_grad():
         conv = embed.proj(patches.view(-1, vision.in_channels, *kernel)).view(50, -1)
         assert torch.allclose(embed(patches), conv, rtol=1e-5, atol=1e-4)  # |values| ~50
+
+
+def test_quick_gelu_is_bit_identical_to_transformers():
+    x = torch.randn(300, 77, generator=torch.Generator().manual_seed(0)) * 4
+    assert torch.equal(quick_gelu_(x.clone()), ACT2FN["quick_gelu"](x))
 
 
 def test_equal_runs():
