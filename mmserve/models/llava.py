@@ -1,4 +1,4 @@
-"""LLaVA-1.5: CLIP vision tower (transformers' module) + MLP projector + mmserve's Llama."""
+"""LLaVA-1.5: CLIP vision tower up to its feature layer + MLP projector + mmserve's Llama."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import CLIPVisionModel
 from transformers.activations import ACT2FN
 
+from mmserve.models.clip_vision import CLIPVisionTower
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
 
@@ -45,7 +45,7 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             raise ValueError("LLaVA with several vision_feature_layer values is not supported")
         self.config = hf_config
         text, vision = hf_config.text_config, hf_config.vision_config
-        self.vision_tower = CLIPVisionModel(vision)
+        self.vision_tower = CLIPVisionTower(vision, hf_config.vision_feature_layer)
         self.multi_modal_projector = LlavaProjector(
             vision.hidden_size,
             text.hidden_size,
@@ -63,7 +63,14 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         return patches + (1 if hf_config.vision_feature_select_strategy == "full" else 0)
 
     def load_weights(self, checkpoint_dir) -> None:
-        load_safetensors(self, checkpoint_dir, LLAVA_RENAME_RULES, self.tied_weights(self.config))
+        load_safetensors(
+            self,
+            checkpoint_dir,
+            LLAVA_RENAME_RULES,
+            self.tied_weights(self.config),
+            skip=self.vision_tower.skipped_weights("vision_tower."),
+            stacked=self.vision_tower.stacked_weights("vision_tower."),
+        )
 
     def encode_images(self, pixel_values: list[Any]) -> list[torch.Tensor]:
         """One batched vision pass; returns [num_embeddings, hidden] per image."""
@@ -71,8 +78,7 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         batch = torch.stack([torch.as_tensor(np.asarray(p)) for p in pixel_values]).to(
             device=param.device, dtype=param.dtype
         )
-        hidden = self.vision_tower(batch, output_hidden_states=True).hidden_states
-        feats = hidden[self.config.vision_feature_layer]
+        feats = self.vision_tower(batch)  # hidden_states[vision_feature_layer]
         if self.config.vision_feature_select_strategy == "default":
             feats = feats[:, 1:]
         return list(self.multi_modal_projector(feats))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -15,19 +16,29 @@ def load_safetensors(
     checkpoint_dir: Path,
     rename_rules: list[tuple[str, str]],
     tied: dict[str, str] | None = None,
+    skip: Collection[str] = (),
+    stacked: Mapping[str, tuple[str, slice]] | None = None,
 ) -> None:
     """Load every ``*.safetensors`` file of ``checkpoint_dir`` into ``model``.
 
     ``rename_rules`` are (regex, replacement) pairs applied in order to each checkpoint key.
     ``tied`` maps a parameter to the one it copies when the checkpoint omits it
     (e.g. ``lm_head.weight`` -> ``language_model.embed_tokens.weight``).
+    ``skip`` names (after renaming) weights the checkpoint may hold that the model deliberately
+    does not build, e.g. vision layers after the feature layer: they are not read. Any other key
+    the model lacks is unexpected.
+    ``stacked`` maps a name (after renaming) to (fused parameter, its rows): e.g. q/k/v projections
+    loaded into one qkv matmul; each such name is required like a parameter of its own.
     Raises ValueError naming missing and unexpected keys.
     """
     files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors weights in {checkpoint_dir}")
     params = dict(model.state_dict())
-    persistent = {k for k in params if not _is_non_persistent(model, k)}
+    stacked = stacked or {}
+    fused = {target for target, _ in stacked.values()}
+    required = {k for k in params if k not in fused and not _is_non_persistent(model, k)}
+    required |= set(stacked)
     loaded: set[str] = set()
     unexpected: list[str] = []
     for file in files:
@@ -36,24 +47,30 @@ def load_safetensors(
                 name = key
                 for pattern, repl in rename_rules:
                     name = re.sub(pattern, repl, name)
-                if name not in params:
-                    unexpected.append(key)
+                if name in stacked:
+                    target, rows = stacked[name]
+                    dest = params[target][rows]
+                elif name in params:
+                    target, dest = name, params[name]
+                else:
+                    if name not in skip:
+                        unexpected.append(key)
                     continue
                 tensor = f.get_tensor(key)
-                if tensor.shape != params[name].shape:
+                if tensor.shape != dest.shape:
                     raise ValueError(
                         f"weight {key!r} has shape {tuple(tensor.shape)}, model expects"
-                        f" {tuple(params[name].shape)} for {name!r}"
+                        f" {tuple(dest.shape)} for {target!r}"
                     )
                 with torch.no_grad():
-                    params[name].copy_(tensor)
+                    dest.copy_(tensor)
                 loaded.add(name)
     for target, source in (tied or {}).items():
         if target not in loaded and source in loaded:
             with torch.no_grad():
                 params[target].copy_(params[source])
             loaded.add(target)
-    missing = sorted(persistent - loaded)
+    missing = sorted(required - loaded)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {checkpoint_dir} does not match the model:"

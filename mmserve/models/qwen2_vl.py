@@ -1,4 +1,5 @@
-"""Qwen2-VL: transformers' vision transformer + patch merger, mmserve's Qwen2 decoder with M-RoPE.
+"""Qwen2-VL: vision transformer + patch merger (``qwen2_vl_vision``), mmserve's Qwen2 decoder
+with M-RoPE.
 
 Images arrive as the PIL image processor's flat patches plus their (t, h, w) patch grid
 (``{"pixel_values": [t*h*w, C*T*p*p], "image_grid_thw": (t, h, w)}``); each image yields
@@ -17,13 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import Qwen2VLImageProcessorPil
-from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 from mmserve.inputs import MultiModalItem
 from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, mrope_positions
 from mmserve.layers.rotary import rope_theta
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
+from mmserve.models.qwen2_vl_vision import Grid, Qwen2VisionTransformer
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
 QWEN2_VL_RENAME_RULES = [
@@ -104,6 +105,11 @@ def max_image_tokens(limits: ImageLimits) -> int:
     return best
 
 
+def _grid(thw: Any) -> Grid:
+    t, h, w = (int(x) for x in thw)
+    return t, h, w
+
+
 def _largest_b(a: int, f: int) -> int:
     """Largest round(w / f) with w <= MAX_ASPECT_RATIO * h for some h with round(h / f) = a."""
     h = math.ceil((a + 0.5) * f)
@@ -125,7 +131,7 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             raise ValueError("Qwen2-VL with sliding-window attention is not supported")
         self.config = hf_config
         self.merge_size = vision.spatial_merge_size
-        self.visual = Qwen2VisionTransformerPretrainedModel(vision)
+        self.visual = Qwen2VisionTransformer(vision)
         head_dim = text.hidden_size // text.num_attention_heads
         section = (text.rope_parameters or {}).get("mrope_section", [16, 24, 24])
         rotary = MRotaryEmbedding(head_dim, rope_theta(text), section)
@@ -141,23 +147,21 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         load_safetensors(
             self, checkpoint_dir, QWEN2_VL_RENAME_RULES, self.tied_weights(self.config)
         )
-        # The vision rotary table is a non-persistent buffer (garbage after meta init).
-        rotary: Any = self.visual.rotary_pos_emb
-        inv_freq, _ = rotary.compute_axial_rope_parameters(self.config.vision_config)
-        rotary.inv_freq = inv_freq.to(self.lm_head.weight.device)
-        rotary.original_inv_freq = rotary.inv_freq.clone()
 
     def encode_images(self, images: list[dict[str, Any]]) -> list[torch.Tensor]:
         """One vision pass over the concatenated patches of all images (attention stays within
-        each image); returns [t*h*w / merge**2, hidden] per image."""
-        param = self.visual.patch_embed.proj.weight
-        pixels = torch.cat([torch.as_tensor(np.asarray(d["pixel_values"])) for d in images])
-        grid = torch.tensor(
-            [list(d["image_grid_thw"]) for d in images], dtype=torch.long, device=param.device
+        each image); returns [t*h*w / merge**2, hidden] per image. Images run sorted by size so
+        equal sizes share one attention call."""
+        param = self.lm_head.weight
+        grids: list[Grid] = [_grid(d["image_grid_thw"]) for d in images]
+        order = sorted(range(len(images)), key=lambda i: grids[i][1] * grids[i][2])
+        pixels = torch.cat([torch.as_tensor(np.asarray(images[i]["pixel_values"])) for i in order])
+        out = self.visual(
+            pixels.to(device=param.device, dtype=param.dtype), [grids[i] for i in order]
         )
-        out = self.visual(pixels.to(device=param.device, dtype=param.dtype), grid_thw=grid)
-        sizes = (grid.prod(-1) // self.merge_size**2).tolist()
-        return list(out.pooler_output.split(sizes))
+        sizes = [math.prod(grids[i]) // self.merge_size**2 for i in order]
+        by_image = dict(zip(order, out.split(sizes), strict=True))
+        return [by_image[i] for i in range(len(images))]
 
     def mrope_positions(
         self, num_tokens: int, mm_items: Sequence[MultiModalItem]
