@@ -121,5 +121,3 @@ def _reinit_buffers(model: torch.nn.Module, device: torch.device) -> None:
             if theta is not None:
                 exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float()
                 module.inv_freq = 1.0 / (theta ** (exponents / dim))
-        if hasattr(module, "position_ids") and hasattr(module, "num_positions"):
-            module.position_ids = torch.arange(module.num_positions, device=device).expand(1, -1)
