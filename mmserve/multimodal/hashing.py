@@ -14,11 +14,17 @@ def _prefix(model_id: str, processor_kwargs: dict[str, Any]) -> bytes:
     return f"{model_id}\0{kwargs}\0".encode()
 
 
-def hash_image(image: Image.Image, model_id: str, processor_kwargs: dict[str, Any]) -> str:
-    """256-bit blake3 hex of model id + processor kwargs + mode + size + decoded pixels."""
+def hash_image(
+    image: Image.Image,
+    model_id: str,
+    processor_kwargs: dict[str, Any],
+    pixels: bytes | None = None,
+) -> str:
+    """256-bit blake3 hex of model id + processor kwargs + mode + size + decoded pixels.
+    ``pixels``: ``image.tobytes()`` when the caller already has it (saves a copy)."""
     hasher = blake3.blake3(_prefix(model_id, processor_kwargs))
     hasher.update(f"{image.mode}\0{image.size[0]}x{image.size[1]}\0".encode())
-    hasher.update(image.tobytes())
+    hasher.update(image.tobytes() if pixels is None else pixels)
     return hasher.hexdigest()
 
 

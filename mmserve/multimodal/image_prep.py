@@ -1,57 +1,104 @@
-"""One image -> ``PreparedImage``: decode, content hash, the model's HF image processor.
+"""One image -> ``PreparedImage``: decode, content hash, the model's image preprocessing.
 
 ``ImagePreparer`` has no cache and holds only picklable state, so admission threads and the
-media worker processes (``media_workers``) run the very same code.
+media worker processes (``media_workers``) run the very same code. Preprocessing runs the fast
+path of ``fast_image_processing`` where it covers the processor's settings and the HF image
+processor elsewhere; the mode comes from the ``preprocessing`` argument, else from
+``$MMSERVE_IMAGE_PREPROCESSING``, else it is ``"exact"`` (pixel values bit-identical to the HF
+processor's; ``"fast"`` is faster and not token-identical, ``"hf"`` runs the processor).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
 from mmserve.config import ModelConfig
+from mmserve.multimodal.fast_image_processing import (
+    DEFAULT_PREPROCESSING,
+    PREPROCESSING_MODES,
+    fast_image_processor,
+)
 from mmserve.multimodal.hashing import hash_image
 from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media import checked_image, decode_image, read_image_source
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
 
+PREPROCESSING_ENV = "MMSERVE_IMAGE_PREPROCESSING"
 
-def _llava_image_inputs(
-    image_processor: Any, image: Image.Image, model_config: ModelConfig
-) -> tuple[Any, int]:
-    pixel_values = image_processor(images=image, return_tensors="np")["pixel_values"][0]
+
+def _hf_llava(image_processor: Any, image: Image.Image) -> Any:
+    return image_processor(images=image, return_tensors="np")["pixel_values"][0]
+
+
+def _llava_inputs(pixel_values: Any, image_processor: Any, model_config: ModelConfig) -> Any:
     return pixel_values, model_config.max_tokens_per_image
 
 
-def _qwen2_vl_image_inputs(
-    image_processor: Any, image: Image.Image, model_config: ModelConfig
-) -> tuple[dict[str, Any], int]:
+def _hf_qwen2_vl(image_processor: Any, image: Image.Image) -> Any:
+    out = image_processor(images=image, return_tensors="np")
+    return out["pixel_values"], tuple(int(x) for x in out["image_grid_thw"][0])
+
+
+def _qwen2_vl_inputs(processed: Any, image_processor: Any, model_config: ModelConfig) -> Any:
     """Dynamic resolution: flat patches + (t, h, w) patch grid; one embedding (and one
     ``<|image_pad|>``) per merge_size x merge_size block of patches."""
-    out = image_processor(images=image, return_tensors="np")
-    grid = tuple(int(x) for x in out["image_grid_thw"][0])
+    patches, grid = processed
     length = grid[0] * grid[1] * grid[2] // image_processor.merge_size**2
-    return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}, length
+    return {"pixel_values": patches, "image_grid_thw": grid}, length
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """One architecture's glue: ``hf`` runs the HF processor on one image and returns what the
+    fast path returns (``fast_image_processing``); ``inputs`` turns that into the model's image
+    data and its embedding count."""
+
+    hf: Callable[[Any, Image.Image], Any]
+    inputs: Callable[[Any, Any, ModelConfig], tuple[Any, int]]
 
 
 IMAGE_INPUTS = {
-    "LlavaForConditionalGeneration": _llava_image_inputs,
-    "Qwen2VLForConditionalGeneration": _qwen2_vl_image_inputs,
+    "LlavaForConditionalGeneration": ImageInputs(_hf_llava, _llava_inputs),
+    "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
 }
+
+
+def preprocessing_mode(mode: str | None = None) -> str:
+    """``mode``, else ``$MMSERVE_IMAGE_PREPROCESSING``, else the default; checked."""
+    source = "preprocessing"
+    if mode is None:
+        mode, source = os.environ.get(PREPROCESSING_ENV) or DEFAULT_PREPROCESSING, PREPROCESSING_ENV
+    if mode not in PREPROCESSING_MODES:
+        raise ValueError(f"{source} must be one of {', '.join(PREPROCESSING_MODES)}, got {mode!r}")
+    return mode
 
 
 class ImagePreparer:
     """Reads (under the media policy), decodes, hashes and preprocesses one image."""
 
     def __init__(
-        self, model_config: ModelConfig, image_processor: Any, media_policy: MediaFetchPolicy
+        self,
+        model_config: ModelConfig,
+        image_processor: Any,
+        media_policy: MediaFetchPolicy,
+        preprocessing: str | None = None,
     ) -> None:
         self.model_config = model_config
         self.image_processor = image_processor
         self.media_policy = media_policy
         self.fetcher = MediaFetcher(media_policy)
         self.image_inputs = IMAGE_INPUTS.get(model_config.architecture)
+        self.preprocessing = preprocessing_mode(preprocessing)
+        self.fast = (
+            fast_image_processor(image_processor, self.preprocessing)
+            if self.image_inputs is not None
+            else None
+        )
 
     @property
     def accepts_images(self) -> bool:
@@ -61,8 +108,10 @@ class ImagePreparer:
         """The encoded bytes (or PIL image) behind ``source``."""
         return read_image_source(source, self.fetcher)
 
-    def content_hash(self, image: Image.Image) -> str:
-        return hash_image(image, self.model_config.model, self.model_config.processor_kwargs)
+    def content_hash(self, image: Image.Image, pixels: bytes | None = None) -> str:
+        """``pixels``: ``image.tobytes()`` if the caller has it already."""
+        mc = self.model_config
+        return hash_image(image, mc.model, mc.processor_kwargs, pixels)
 
     def prepare(self, raw: Any) -> PreparedImage:
         """``raw``: encoded bytes, a PIL image, or any source ``read`` accepts."""
@@ -71,5 +120,10 @@ class ImagePreparer:
         if not isinstance(raw, (bytes, Image.Image)):
             raw = self.read(raw)
         image = checked_image(raw) if isinstance(raw, Image.Image) else decode_image(raw)
-        data, length = self.image_inputs(self.image_processor, image, self.model_config)
-        return PreparedImage(self.content_hash(image), data, length, image.size)
+        pixels = image.tobytes()  # one copy of the decoded pixels for the hash and the fast path
+        if self.fast is not None and self.fast.accepts(image):
+            processed = self.fast(image, pixels)
+        else:
+            processed = self.image_inputs.hf(self.image_processor, image)
+        data, length = self.image_inputs.inputs(processed, self.image_processor, self.model_config)
+        return PreparedImage(self.content_hash(image, pixels), data, length, image.size)

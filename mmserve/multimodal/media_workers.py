@@ -26,10 +26,12 @@ WORKER_NICE = 10
 _preparer: ImagePreparer | None = None  # one per worker process
 
 
-def _init_worker(model_config: Any, image_processor: Any, media_policy: Any) -> None:
+def _init_worker(
+    model_config: Any, image_processor: Any, media_policy: Any, preprocessing: str
+) -> None:
     global _preparer
     os.nice(WORKER_NICE)
-    _preparer = ImagePreparer(model_config, image_processor, media_policy)
+    _preparer = ImagePreparer(model_config, image_processor, media_policy, preprocessing)
 
 
 def _prepare(source: bytes | str) -> PreparedImage:
@@ -60,7 +62,12 @@ class MediaWorkers:
                 self.processes,
                 mp_context=get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(preparer.model_config, preparer.image_processor, preparer.media_policy),
+                initargs=(
+                    preparer.model_config,
+                    preparer.image_processor,
+                    preparer.media_policy,
+                    preparer.preprocessing,
+                ),
             )
 
     async def run(self, source: bytes | str) -> PreparedImage:

@@ -1,0 +1,383 @@
+"""The model's image processor redone for one image in a few vectorized uint8 / float32 passes.
+
+Covers what the transformers PIL processors do for the supported models (``CLIPImageProcessor``
+for LLaVA, ``Qwen2VLImageProcessor``): RGB conversion, resize, center crop, rescale, normalize
+and Qwen2-VL's patchify, read from the loaded processor object (so ``preprocessor_config.json``
+and the user's ``processor_kwargs`` both apply). Output shapes and dtypes are the processor's.
+
+Modes (``PREPROCESSING_MODES``):
+
+- ``"exact"`` (default): the resize is the processor's own PIL call, so pixel values are
+  bit-identical to the processor's and greedy outputs token-identical.
+- ``"fast"`` (opt-in, NOT token-identical): BICUBIC and BILINEAR resizes run torch's antialiased
+  uint8 kernel (the one transformers' torchvision "Fast" processors use: PIL's filters and
+  separable passes in PIL's order, with 16-bit instead of 22-bit fixed-point weights). Its uint8
+  result is at most ``FAST_RESIZE_MAX_LEVELS`` (2) levels off PIL's, on about 1% of the values or
+  fewer, so pixel values are within ``2 * rescale_factor / min(image_std)`` of the processor's
+  (0.0300 with CLIP's mean and std). That is enough to change greedy tokens of the tiny
+  random-weight test models on some images (their std-0.2 weights amplify input noise); the
+  ~5x faster LLaVA resize is for deployments that accept it. Other filters use PIL's resize.
+- ``"hf"``: the transformers processor itself.
+
+After the resize both fast modes repeat the processor's arithmetic bit for bit: the rescale (a
+float32 division where that equals the processor's float64 product rounded to float32, as it does
+for 1/255, else that product), then ``(x - mean) / std`` in float32; Qwen2-VL's patches are cut
+from the uint8 image and normalized once before the temporal copy. The speed comes from skipping
+the processor's array round trips (PIL -> numpy -> PIL), float64 temporaries and transposed float
+copies, and in ``"fast"`` from the vectorized resize.
+
+A processor or a setting this module does not implement (padding, ``size`` as longest edge or
+max height/width, rescale and normalize both off, a processor class it does not know) makes
+``fast_image_processor`` return None, and the caller uses the HF processor; so does an image in
+a non-RGB mode when ``do_convert_rgb`` is off (``accepts``).
+
+Not done here: JPEG ``draft`` (DCT-domain downscaling while decoding) would be faster still but
+changes pixels, and the content hash needs the full decoded image anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import PIL
+import torch
+import transformers
+from PIL import Image
+from transformers.image_transforms import center_crop, convert_to_rgb, get_resize_output_image_size
+from transformers.image_utils import ChannelDimension
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+logger = logging.getLogger(__name__)
+
+PREPROCESSING_MODES = ("fast", "exact", "hf")
+DEFAULT_PREPROCESSING = "exact"
+FAST_RESIZE_MAX_LEVELS = 2  # uint8 levels between torch's antialiased resize and PIL's
+_PILLOW = tuple(int(part) for part in PIL.__version__.split(".")[:2])
+_TORCH_FILTERS = {
+    int(Image.Resampling.BICUBIC): "bicubic",
+    int(Image.Resampling.BILINEAR): "bilinear",
+}
+
+# Processor settings that change nothing for one PIL image processed to numpy: any value passes.
+_IGNORED = {"default_to_square", "return_tensors", "image_seq_length", "disable_grouping"}
+# Settings that must hold one of these values, or the fast path does not apply.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "data_format": (None, "channels_first", ChannelDimension.FIRST),
+    "input_data_format": (None,),
+    "device": (None,),
+}
+
+
+@dataclass(frozen=True)
+class _Pixels:
+    """What every processor here does to pixels: RGB conversion, resize filter, rescale and
+    normalize (None: that step is off)."""
+
+    convert_rgb: bool
+    resample: int
+    resize_with_torch: bool
+    rescale_factor: float | None
+    rescale_divisor: float | None  # float32 division giving the same values (cheaper)
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+
+    def accepts(self, image: Image.Image) -> bool:
+        return self.convert_rgb or image.mode == "RGB"
+
+    def plain(self, image: Image.Image) -> bool:
+        """The processor takes this image's pixels as they are (no conversion)."""
+        return image.mode == "RGB" and not (
+            self.convert_rgb and image.info.get("transparency") is not None
+        )
+
+    def rgb(self, image: Image.Image, pixels: bytes | None) -> np.ndarray:
+        """(H, W, 3) uint8 as the processor sees it: with ``do_convert_rgb``, transparency is
+        composited onto white (transformers' ``convert_to_rgb``). ``pixels``: ``image.tobytes()``
+        if the caller has it already (read-only result then)."""
+        if self.plain(image):
+            data = image.tobytes() if pixels is None else pixels
+            return np.frombuffer(data, np.uint8).reshape(image.height, image.width, 3)
+        return np.asarray(convert_to_rgb(image, return_numpy=True))
+
+    def resize(self, image: Image.Image, rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+        """(height, width, 3) uint8, possibly a strided view; ``rgb`` is ``image`` as the
+        processor sees it (PIL resizes ``image`` itself where that is plain RGB)."""
+        if self.resize_with_torch:
+            return _torch_resize(rgb, height, width, _TORCH_FILTERS[self.resample])
+        if not self.plain(image):
+            image = Image.fromarray(rgb)
+        return np.asarray(image.resize((width, height), resample=self.resample))
+
+    def rescale_normalize(self, src: np.ndarray, channel_shape: tuple[int, ...]) -> np.ndarray:
+        """The processor's rescale then normalize of uint8 ``src``, as a new C-contiguous
+        float32 array; ``channel_shape`` places the 3 channel values against ``src``."""
+        out = np.empty(src.shape, np.float32)
+        if self.rescale_divisor is not None:
+            np.divide(src, np.float32(self.rescale_divisor), out=out, dtype=np.float32)
+        elif self.rescale_factor is not None:  # the float64 product rounded to float32
+            np.multiply(src, self.rescale_factor, out=out, dtype=np.float64, casting="same_kind")
+        else:
+            np.copyto(out, src, casting="unsafe")
+        if self.mean is not None and self.std is not None:
+            np.subtract(out, np.asarray(self.mean, np.float32).reshape(channel_shape), out=out)
+            np.divide(out, np.asarray(self.std, np.float32).reshape(channel_shape), out=out)
+        return out
+
+
+def _torch_resize(rgb: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
+    """(height, width, 3) uint8 (a view, in whatever memory layout torch returns): torch's
+    antialiased uint8 resize. Its passes (each rounding to uint8) run horizontal first; where
+    PIL starts with the vertical one, so does this."""
+    tensor = _as_tensor(rgb).permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory
+    if pil_vertical_first(rgb.shape[1], rgb.shape[0], width, height):
+        tensor = _interpolate(tensor, height, rgb.shape[1], mode)
+    return _interpolate(tensor, height, width, mode)[0].permute(1, 2, 0).numpy()
+
+
+def _interpolate(tensor: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
+    return torch.nn.functional.interpolate(
+        tensor, size=(height, width), mode=mode, antialias=True, align_corners=False
+    )
+
+
+def pil_vertical_first(width: int, height: int, new_width: int, new_height: int) -> bool:
+    """Whether this Pillow resizes (width, height) -> (new_width, new_height) vertical pass
+    first. Pillow >= 13 does when the height shrinks by more than twice what the width does;
+    12.2 and 12.3 for images over 100 times taller than wide; older ones never."""
+    if _PILLOW >= (13,):
+        return 0 < height - new_height and height - new_height > 2 * (width - new_width)
+    if _PILLOW >= (12, 2):
+        return height > width * 100 and new_height < height
+    return False
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A zero-copy tensor of a (possibly read-only) array, only ever read."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    try:
+        return torch.from_dlpack(array)  # no copy and, unlike from_numpy, no warning
+    except (BufferError, RuntimeError, TypeError):  # older numpy: no read-only DLPack export
+        return torch.from_numpy(array.copy())
+
+
+@dataclass(frozen=True)
+class ClipImageProcessing:
+    """``CLIPImageProcessor``: shortest-edge (or fixed) resize, center crop, rescale, normalize
+    -> (3, H, W) float32."""
+
+    pixels: _Pixels
+    shortest_edge: int | None  # resize so the short side is this (aspect kept) ...
+    size: tuple[int, int] | None  # ... or to this (height, width); both None: no resize
+    crop: tuple[int, int] | None  # center crop (height, width), zero-padded when larger
+
+    def accepts(self, image: Image.Image) -> bool:
+        return self.pixels.accepts(image)
+
+    def __call__(self, image: Image.Image, pixels: bytes | None = None) -> np.ndarray:
+        rgb = self.pixels.rgb(image, pixels)
+        if self.shortest_edge is not None:
+            height, width = get_resize_output_image_size(
+                np.broadcast_to(np.uint8(0), (3, *rgb.shape[:2])),  # only its shape is read
+                size=self.shortest_edge,
+                default_to_square=False,
+                input_data_format=ChannelDimension.FIRST,
+            )
+            rgb = self.pixels.resize(image, rgb, height, width)
+        elif self.size is not None:
+            rgb = self.pixels.resize(image, rgb, *self.size)
+        if self.crop is not None:
+            rgb = center_crop(
+                rgb,
+                self.crop,
+                data_format=ChannelDimension.LAST,
+                input_data_format=ChannelDimension.LAST,
+            )
+        return self.pixels.rescale_normalize(rgb.transpose(2, 0, 1), (3, 1, 1))
+
+
+@dataclass(frozen=True)
+class Qwen2VLImageProcessing:
+    """``Qwen2VLImageProcessor``: ``smart_resize`` to multiples of patch x merge, rescale,
+    normalize, then flat patches (t*h*w, C*T*p*p) with the frame repeated T times, and the
+    (t, h, w) patch grid."""
+
+    pixels: _Pixels
+    min_pixels: int
+    max_pixels: int
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+
+    def accepts(self, image: Image.Image) -> bool:
+        return self.pixels.accepts(image)
+
+    def __call__(
+        self, image: Image.Image, pixels: bytes | None = None
+    ) -> tuple[np.ndarray, tuple[int, int, int]]:
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        height, width = smart_resize(
+            image.height,
+            image.width,
+            factor=p * m,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+        )
+        rgb = self.pixels.resize(image, self.pixels.rgb(image, pixels), height, width)
+        gh, gw = height // p, width // p
+        # (H, W, C) -> (gh/m, gw/m, m, m, C, p, p): the processor's patch order, still uint8
+        patches = rgb.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
+        patches = np.ascontiguousarray(patches).reshape(gh * gw, 3, 1, p * p)
+        values = self.pixels.rescale_normalize(patches, (3, 1, 1))
+        out = np.empty((gh * gw, 3, t, p * p), np.float32)
+        out[...] = values  # the one frame repeated temporal_patch_size times
+        return out.reshape(gh * gw, 3 * t * p * p), (1, gh, gw)
+
+
+FastImageProcessing = ClipImageProcessing | Qwen2VLImageProcessing
+
+
+def processor_settings(image_processor: Any) -> dict[str, Any]:
+    """Every setting the processor's ``preprocess`` would use for a call without overrides, in
+    the processor's own standardized form."""
+    names = getattr(image_processor, "_valid_kwargs_names", None) or list(
+        image_processor.valid_kwargs.__annotations__
+    )
+    settings = {name: getattr(image_processor, name, None) for name in names}
+    return dict(image_processor._standardize_kwargs(**settings))
+
+
+def fast_image_processor(
+    image_processor: Any, mode: str = DEFAULT_PREPROCESSING
+) -> FastImageProcessing | None:
+    """The fast equivalent of ``image_processor``, or None where the HF processor must run:
+    ``mode == "hf"``, or a processor class (exactly; not a subclass) or setting not covered."""
+    if mode not in PREPROCESSING_MODES:
+        raise ValueError(
+            f"image preprocessing mode must be one of {PREPROCESSING_MODES}, got {mode!r}"
+        )
+    if mode == "hf" or image_processor is None:
+        return None
+    name = type(image_processor).__name__
+    builder = _BUILDERS.get(type(image_processor))
+    if builder is None:
+        logger.info("image preprocessing: no fast path for %s, it runs as is", name)
+        return None
+    try:
+        return builder(processor_settings(image_processor), mode)
+    except _Unsupported as exc:
+        logger.info("image preprocessing: %s has %s, the HF processor runs", name, exc)
+    except (AttributeError, TypeError) as exc:  # transformers internals moved: stay correct
+        logger.warning("image preprocessing: cannot read %s's settings (%s)", name, exc)
+    return None
+
+
+class _Unsupported(Exception):
+    """A processor setting the fast path does not implement."""
+
+
+def _pixels(settings: dict[str, Any], mode: str, used: set[str]) -> _Pixels:
+    """The common settings; raises ``_Unsupported`` for any setting outside ``used`` (and the
+    common ones) that is not neutral."""
+    used = used | {"do_convert_rgb", "resample", "do_rescale", "rescale_factor"}
+    used |= {"do_normalize", "image_mean", "image_std", "do_resize", "size"}
+    for name, value in settings.items():
+        if name in used or name in _IGNORED:
+            continue
+        if value not in _NEUTRAL.get(name, (None, False)):
+            raise _Unsupported(f"{name}={value!r}")
+    resample = settings.get("resample")
+    resample = int(Image.Resampling.BILINEAR) if resample is None else resample
+    if not isinstance(resample, int) or resample not in {int(f) for f in Image.Resampling}:
+        raise _Unsupported(f"resample={resample!r}")
+    rescale = float(settings["rescale_factor"]) if settings.get("do_rescale") else None
+    mean = std = None
+    if settings.get("do_normalize"):
+        mean, std = _channels(settings.get("image_mean")), _channels(settings.get("image_std"))
+    if rescale is None and mean is None:
+        raise _Unsupported("do_rescale=do_normalize=False (uint8 output)")
+    return _Pixels(
+        convert_rgb=bool(settings.get("do_convert_rgb")),
+        resample=int(resample),
+        resize_with_torch=mode == "fast" and int(resample) in _TORCH_FILTERS,
+        rescale_factor=rescale,
+        rescale_divisor=_float32_divisor(rescale),
+        mean=mean,
+        std=std,
+    )
+
+
+def _float32_divisor(scale: float | None) -> float | None:
+    """``1 / scale`` in float32 where ``float32(v) / it`` equals the processor's rescale
+    (``float32(float64(v) * scale)``) for every uint8 ``v`` (true of 1/255); else None."""
+    if not scale:
+        return None
+    values = np.arange(256, dtype=np.uint8)
+    divisor = np.float32(1 / scale)
+    want = (values.astype(np.float64) * scale).astype(np.float32)
+    if np.array_equal(np.divide(values, divisor, dtype=np.float32), want):
+        return float(divisor)
+    return None
+
+
+def _channels(value: Any) -> tuple[float, ...]:
+    """A per-channel mean / std as 3 floats (a scalar applies to every channel)."""
+    if isinstance(value, (int, float)):
+        return (float(value),) * 3
+    values = tuple(float(v) for v in value) if value is not None else ()
+    if len(values) != 3:
+        raise _Unsupported(f"mean/std {value!r}")
+    return values
+
+
+def _size(value: Any) -> dict[str, int]:
+    """The non-empty fields of a ``SizeDict`` (or dict)."""
+    return {k: int(v) for k, v in dict(value or {}).items() if v is not None}
+
+
+def _clip(settings: dict[str, Any], mode: str) -> ClipImageProcessing:
+    shortest_edge = size = crop = None
+    if settings.get("do_resize"):
+        fields = _size(settings.get("size"))
+        if fields.keys() == {"shortest_edge"}:
+            shortest_edge = fields["shortest_edge"]
+        elif fields.keys() == {"height", "width"}:
+            size = (fields["height"], fields["width"])
+        else:
+            raise _Unsupported(f"size={settings.get('size')!r}")
+    if settings.get("do_center_crop"):
+        fields = _size(settings.get("crop_size"))
+        if fields.keys() != {"height", "width"}:
+            raise _Unsupported(f"crop_size={settings.get('crop_size')!r}")
+        crop = (fields["height"], fields["width"])
+    pixels = _pixels(settings, mode, {"do_center_crop", "crop_size", "pad_size"})
+    return ClipImageProcessing(pixels, shortest_edge, size, crop)
+
+
+def _qwen2_vl(settings: dict[str, Any], mode: str) -> Qwen2VLImageProcessing:
+    if not settings.get("do_resize"):
+        raise _Unsupported("do_resize=False")
+    fields = _size(settings.get("size"))
+    if not {"shortest_edge", "longest_edge"} <= fields.keys():
+        raise _Unsupported(f"size={settings.get('size')!r}")
+    # its preprocessing ignores crop and pad settings; min/max_pixels are folded into size
+    used = {"do_center_crop", "crop_size", "do_pad", "pad_size", "min_pixels", "max_pixels"}
+    used |= {"patch_size", "merge_size", "temporal_patch_size"}
+    return Qwen2VLImageProcessing(
+        pixels=_pixels(settings, mode, used),
+        min_pixels=fields["shortest_edge"],
+        max_pixels=fields["longest_edge"],
+        patch_size=int(settings["patch_size"]),
+        merge_size=int(settings["merge_size"]),
+        temporal_patch_size=int(settings["temporal_patch_size"]),
+    )
+
+
+_BUILDERS: dict[type, Callable[[dict[str, Any], str], FastImageProcessing]] = {
+    transformers.CLIPImageProcessorPil: _clip,
+    transformers.Qwen2VLImageProcessorPil: _qwen2_vl,
+}
