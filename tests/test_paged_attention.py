@@ -150,3 +150,9 @@ def test_every_built_variant_matches_the_reference(variant):
     )
     expected = naive_attention(q, k_cache, v_cache, table, qsl, lens, block_size, 0.125)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_auto_fallback_on_cpu_float32_is_logged(caplog):
+    with caplog.at_level("WARNING", logger="mmserve.layers.attention"):
+        assert select_attention_backend("auto", CPU, torch.float32, 48) == "torch"
+    assert "head_dim 48" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,6 +11,8 @@ import torch
 from mmserve.config import ATTENTION_BACKENDS
 from mmserve.kernels import kernel_head_dims, paged_attention_kernel, unavailable_reason
 from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,6 +99,8 @@ def select_attention_backend(
         return "cpu-kernel"
     if requested == "cpu-kernel":
         raise ValueError(f"attention_backend 'cpu-kernel' is not available: {reason}")
+    if device.type == "cpu" and dtype == torch.float32:
+        logger.warning("attention: the pure-torch path, not the CPU kernel (%s)", reason)
     return "torch"
 
 
