@@ -10,13 +10,14 @@ Modes (``PREPROCESSING_MODES``):
 - ``"exact"`` (default): the resize is the processor's own PIL call, so pixel values are
   bit-identical to the processor's and greedy outputs token-identical.
 - ``"fast"`` (opt-in, NOT token-identical): BICUBIC and BILINEAR resizes run torch's antialiased
-  uint8 kernel (the one transformers' torchvision "Fast" processors use: PIL's filters and
-  separable passes in PIL's order, with 16-bit instead of 22-bit fixed-point weights). Its uint8
+  uint8 kernel (PIL's filters and separable passes, run here in PIL's pass order, with 16-bit
+  instead of PIL's 22-bit fixed-point weights; vectorized where PIL is scalar). Its uint8
   result is at most ``FAST_RESIZE_MAX_LEVELS`` (2) levels off PIL's, on about 1% of the values or
   fewer, so pixel values are within ``2 * rescale_factor / min(image_std)`` of the processor's
   (0.0300 with CLIP's mean and std). That is enough to change greedy tokens of the tiny
   random-weight test models on some images (their std-0.2 weights amplify input noise); the
   ~5x faster LLaVA resize is for deployments that accept it. Other filters use PIL's resize.
+  The content hash does not include the mode: processes sharing an encoder store should use one.
 - ``"hf"``: the transformers processor itself.
 
 After the resize both fast modes repeat the processor's arithmetic bit for bit: the rescale (a
