@@ -104,14 +104,16 @@ class _Pixels:
             return np.frombuffer(data, np.uint8).reshape(image.height, image.width, 3)
         return np.asarray(convert_to_rgb(image, return_numpy=True))
 
-    def resize(self, image: Image.Image, rgb: np.ndarray, height: int, width: int) -> np.ndarray:
-        """(height, width, 3) uint8, possibly a strided view; ``rgb`` is ``image`` as the
-        processor sees it (PIL resizes ``image`` itself where that is plain RGB)."""
+    def resize(
+        self, image: Image.Image, pixels: bytes | None, height: int, width: int
+    ) -> np.ndarray:
+        """``rgb(image, pixels)`` resized to (height, width, 3) uint8, possibly a strided view
+        (PIL resizes ``image`` itself where that is plain RGB)."""
         if self.resize_with_torch:
+            rgb = self.rgb(image, pixels)
             return _torch_resize(rgb, height, width, _TORCH_FILTERS[self.resample])
-        if not self.plain(image):
-            image = Image.fromarray(rgb)
-        return np.asarray(image.resize((width, height), resample=self.resample))
+        source = image if self.plain(image) else Image.fromarray(self.rgb(image, pixels))
+        return np.asarray(source.resize((width, height), resample=self.resample))
 
     def rescale_normalize(self, src: np.ndarray, channel_shape: tuple[int, ...]) -> np.ndarray:
         """The processor's rescale then normalize of uint8 ``src``, as a new C-contiguous
@@ -180,17 +182,18 @@ class ClipImageProcessing:
         return self.pixels.accepts(image)
 
     def __call__(self, image: Image.Image, pixels: bytes | None = None) -> np.ndarray:
-        rgb = self.pixels.rgb(image, pixels)
         if self.shortest_edge is not None:
             height, width = get_resize_output_image_size(
-                np.broadcast_to(np.uint8(0), (3, *rgb.shape[:2])),  # only its shape is read
+                np.broadcast_to(np.uint8(0), (3, image.height, image.width)),  # a shape only
                 size=self.shortest_edge,
                 default_to_square=False,
                 input_data_format=ChannelDimension.FIRST,
             )
-            rgb = self.pixels.resize(image, rgb, height, width)
+            rgb = self.pixels.resize(image, pixels, height, width)
         elif self.size is not None:
-            rgb = self.pixels.resize(image, rgb, *self.size)
+            rgb = self.pixels.resize(image, pixels, *self.size)
+        else:
+            rgb = self.pixels.rgb(image, pixels)
         if self.crop is not None:
             rgb = center_crop(
                 rgb,
@@ -228,7 +231,7 @@ class Qwen2VLImageProcessing:
             min_pixels=self.min_pixels,
             max_pixels=self.max_pixels,
         )
-        rgb = self.pixels.resize(image, self.pixels.rgb(image, pixels), height, width)
+        rgb = self.pixels.resize(image, pixels, height, width)
         gh, gw = height // p, width // p
         # (H, W, C) -> (gh/m, gw/m, m, m, C, p, p): the processor's patch order, still uint8
         patches = rgb.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
