@@ -4,9 +4,11 @@ stated tolerance, every processor setting it does not implement falls back to th
 
 from __future__ import annotations
 
+import asyncio
 import io
 import pickle
 from copy import deepcopy
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from mmserve.multimodal.fast_image_processing import (
 from mmserve.multimodal.hashing import hash_image
 from mmserve.multimodal.image_prep import PREPROCESSING_ENV, ImagePreparer
 from mmserve.multimodal.media import decode_image
+from mmserve.multimodal.media_workers import MediaWorkers
 from tests.conftest import make_image
 
 SIZES = [(1280, 720), (720, 1280), (1920, 1080), (96, 80), (30, 20), (1, 1), (500, 3)]
@@ -313,3 +316,18 @@ def test_preprocessing_mode_from_argument_and_environment(engine, monkeypatch):
         preparer(engine)
     with pytest.raises(ValueError, match="preprocessing must be one of"):
         preparer(engine, preprocessing="FAST")
+
+
+def test_media_workers_use_the_preparers_mode(engine):
+    """Worker processes rebuild the preparer with its mode (not the environment's default)."""
+    fast = preparer(engine, preprocessing="fast")
+    workers = MediaWorkers(SimpleNamespace(preparer=fast), 1)  # type: ignore[arg-type]
+    raw = jpeg(make_image(1, (320, 200)))
+    try:
+        got = asyncio.run(workers.run(raw))
+    finally:
+        workers.shutdown()
+    want, exact = fast.prepare(raw), preparer(engine, preprocessing="exact").prepare(raw)
+    got_arrays = arrays(got.data)
+    assert all(map(np.array_equal, got_arrays, arrays(want.data)))
+    assert not all(map(np.array_equal, got_arrays, arrays(exact.data)))  # the mode shows

@@ -10,13 +10,14 @@ Modes (``PREPROCESSING_MODES``):
 - ``"exact"`` (default): the resize is the processor's own PIL call, so pixel values are
   bit-identical to the processor's and greedy outputs token-identical.
 - ``"fast"`` (opt-in, NOT token-identical): BICUBIC and BILINEAR resizes run torch's antialiased
-  uint8 kernel (the one transformers' torchvision "Fast" processors use: PIL's filters and
-  separable passes in PIL's order, with 16-bit instead of 22-bit fixed-point weights). Its uint8
+  uint8 kernel (PIL's filters and separable passes, run here in PIL's pass order, with 16-bit
+  instead of PIL's 22-bit fixed-point weights; vectorized where PIL is scalar). Its uint8
   result is at most ``FAST_RESIZE_MAX_LEVELS`` (2) levels off PIL's, on about 1% of the values or
   fewer, so pixel values are within ``2 * rescale_factor / min(image_std)`` of the processor's
   (0.0300 with CLIP's mean and std). That is enough to change greedy tokens of the tiny
   random-weight test models on some images (their std-0.2 weights amplify input noise); the
   ~5x faster LLaVA resize is for deployments that accept it. Other filters use PIL's resize.
+  The content hash does not include the mode: processes sharing an encoder store should use one.
 - ``"hf"``: the transformers processor itself.
 
 After the resize both fast modes repeat the processor's arithmetic bit for bit: the rescale (a
@@ -103,14 +104,16 @@ class _Pixels:
             return np.frombuffer(data, np.uint8).reshape(image.height, image.width, 3)
         return np.asarray(convert_to_rgb(image, return_numpy=True))
 
-    def resize(self, image: Image.Image, rgb: np.ndarray, height: int, width: int) -> np.ndarray:
-        """(height, width, 3) uint8, possibly a strided view; ``rgb`` is ``image`` as the
-        processor sees it (PIL resizes ``image`` itself where that is plain RGB)."""
+    def resize(
+        self, image: Image.Image, pixels: bytes | None, height: int, width: int
+    ) -> np.ndarray:
+        """``rgb(image, pixels)`` resized to (height, width, 3) uint8, possibly a strided view
+        (PIL resizes ``image`` itself where that is plain RGB)."""
         if self.resize_with_torch:
+            rgb = self.rgb(image, pixels)
             return _torch_resize(rgb, height, width, _TORCH_FILTERS[self.resample])
-        if not self.plain(image):
-            image = Image.fromarray(rgb)
-        return np.asarray(image.resize((width, height), resample=self.resample))
+        source = image if self.plain(image) else Image.fromarray(self.rgb(image, pixels))
+        return np.asarray(source.resize((width, height), resample=self.resample))
 
     def rescale_normalize(self, src: np.ndarray, channel_shape: tuple[int, ...]) -> np.ndarray:
         """The processor's rescale then normalize of uint8 ``src``, as a new C-contiguous
@@ -179,17 +182,18 @@ class ClipImageProcessing:
         return self.pixels.accepts(image)
 
     def __call__(self, image: Image.Image, pixels: bytes | None = None) -> np.ndarray:
-        rgb = self.pixels.rgb(image, pixels)
         if self.shortest_edge is not None:
             height, width = get_resize_output_image_size(
-                np.broadcast_to(np.uint8(0), (3, *rgb.shape[:2])),  # only its shape is read
+                np.broadcast_to(np.uint8(0), (3, image.height, image.width)),  # a shape only
                 size=self.shortest_edge,
                 default_to_square=False,
                 input_data_format=ChannelDimension.FIRST,
             )
-            rgb = self.pixels.resize(image, rgb, height, width)
+            rgb = self.pixels.resize(image, pixels, height, width)
         elif self.size is not None:
-            rgb = self.pixels.resize(image, rgb, *self.size)
+            rgb = self.pixels.resize(image, pixels, *self.size)
+        else:
+            rgb = self.pixels.rgb(image, pixels)
         if self.crop is not None:
             rgb = center_crop(
                 rgb,
@@ -227,7 +231,7 @@ class Qwen2VLImageProcessing:
             min_pixels=self.min_pixels,
             max_pixels=self.max_pixels,
         )
-        rgb = self.pixels.resize(image, self.pixels.rgb(image, pixels), height, width)
+        rgb = self.pixels.resize(image, pixels, height, width)
         gh, gw = height // p, width // p
         # (H, W, C) -> (gh/m, gw/m, m, m, C, p, p): the processor's patch order, still uint8
         patches = rgb.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
