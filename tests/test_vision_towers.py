@@ -165,7 +165,8 @@ def qwen():
     proc = load_image_processor(cfg.path, {})
 
     def prepare(size: tuple[int, int], seed: int) -> dict:
-        return IMAGE_INPUTS[cfg.architecture](proc, make_image(seed, size), cfg)[0]
+        glue = IMAGE_INPUTS[cfg.architecture]
+        return glue.inputs(glue.hf(proc, make_image(seed, size)), proc, cfg)[0]
 
     return model, hf, prepare
 
