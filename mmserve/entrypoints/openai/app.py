@@ -28,7 +28,7 @@ from mmserve.entrypoints.openai.errors import (
     to_api_error,
 )
 from mmserve.entrypoints.openai.http_body import read_json_body
-from mmserve.entrypoints.openai.json_guard import JSONGuard
+from mmserve.entrypoints.openai.json_guard import DEFAULT_MAX_WAITING, JSONGuard
 from mmserve.entrypoints.openai.limits import RequestLimits
 from mmserve.entrypoints.openai.middleware import (
     AllowedHostsMiddleware,
@@ -64,7 +64,8 @@ def build_app(
 ) -> FastAPI:
     """The app around a (not yet started) engine; its lifespan starts and stops the loop."""
     policy = policy or HTTPPolicy()
-    guard = JSONGuard(policy.limits)
+    queued = engine.max_queued_requests
+    guard = JSONGuard(policy.limits, max(1, queued) if queued is not None else DEFAULT_MAX_WAITING)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +80,7 @@ def build_app(
 
     app = FastAPI(title="mmserve", lifespan=lifespan)
     app.state.engine = engine
+    app.state.json_guard = guard
     serving = OpenAIServing(engine, served_model_names, model_aliases)
     app.state.serving = serving
     install_error_handlers(app)

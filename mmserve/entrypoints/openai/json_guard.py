@@ -24,7 +24,7 @@ GUARD_BYTES = 256 << 10  # bodies above this are screened in the helper process
 GUARD_CONTAINERS = 4096  # ... and so are smaller ones with more "{" / "[" than this
 HELPER_NICE = 10
 HELPER_MEMORY_BYTES = 4 << 30  # address-space cap of the helper: a parse bomb fails alone
-MAX_WAITING = 16  # large bodies queued for the helper before more get 503
+DEFAULT_MAX_WAITING = 256  # large bodies queued for the helper before more get 503
 
 
 class BodyRejected(ValueError):
@@ -161,13 +161,18 @@ class JSONGuard:
     """One lazily started helper process that parses and screens large or dense bodies.
 
     Invariants: the server's own process never runs the JSON parser on such a body (it gets
-    the screened object back); at most ``MAX_WAITING`` bodies wait for the helper, more are
+    the screened object back); at most ``max_waiting`` bodies wait for the helper, more are
     refused with ``GuardBusy``; a crashed helper is replaced on the next body, and the bodies
     it held are refused; after ``shutdown`` nothing is started again.
     """
 
-    def __init__(self, limits: RequestLimits) -> None:
+    def __init__(self, limits: RequestLimits, max_waiting: int = DEFAULT_MAX_WAITING) -> None:
+        """``max_waiting``: the server passes ``--max-queued-requests``, so a burst of large
+        bodies (images as data URLs) is bounded by the same limit as any other burst."""
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
         self.limits = limits
+        self.max_waiting = max_waiting
         self._pool: ProcessPoolExecutor | None = None
         self._waiting = 0
         self._closed = False
@@ -180,7 +185,7 @@ class JSONGuard:
 
     async def parse(self, body: bytes) -> dict[str, Any]:
         """The screened JSON object, or ``LimitExceeded`` / ``BodyRejected`` / ``GuardBusy``."""
-        if self._waiting >= MAX_WAITING:
+        if self._waiting >= self.max_waiting:
             raise GuardBusy("too many large request bodies are waiting; retry later")
         self.start()
         pool = self._pool
