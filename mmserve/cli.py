@@ -1,4 +1,8 @@
-"""``mmserve`` command line: generate, tiny-model, serve, bench."""
+"""``mmserve`` command line: generate, tiny-model, serve, bench.
+
+Building the parser imports neither torch nor transformers (``mmserve --help`` stays fast):
+each subcommand imports what it needs when it runs.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import sys
 from mmserve.bench.cli import add_bench_parser
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.cli_args import add_serve_parser
-from mmserve.models.tiny import PRESET_NAMES
+from mmserve.version import package_version
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -25,15 +29,18 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    from mmserve.models.tiny import build_preset
+    from mmserve.models.tiny import PRESET_NAMES, build_preset
 
+    if args.name not in PRESET_NAMES:
+        raise ValueError(f"unknown preset {args.name!r}; choose from {', '.join(PRESET_NAMES)}")
     path = build_preset(args.name, args.out)
     print(f"wrote {args.name} to {path}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmserve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="mmserve", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"mmserve {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="complete one prompt (with images) and print it")
@@ -45,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     tiny = sub.add_parser("tiny-model", help="write a built-in random-weight checkpoint")
-    tiny.add_argument("name", choices=PRESET_NAMES)
+    tiny.add_argument(
+        "name", metavar="PRESET", help="tiny-llava, tiny-llava-small, tiny-qwen2-vl, ..."
+    )
     tiny.add_argument("--out", required=True, help="output directory")
     tiny.set_defaults(func=_tiny_model)
     add_serve_parser(sub)

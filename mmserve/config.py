@@ -17,6 +17,27 @@ _DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch")
 
 
+def checkpoint_dtype(hf_config: Any) -> str | None:
+    """The dtype a HF config declares (``dtype`` / ``torch_dtype``, top level or text config)."""
+    for cfg in (hf_config, getattr(hf_config, "text_config", None)):
+        for attr in ("dtype", "torch_dtype"):
+            value = getattr(cfg, attr, None) if cfg is not None else None
+            if value is not None:
+                return str(value).removeprefix("torch.")
+    return None
+
+
+def resolve_dtype(requested: str, declared: str | None, device: str) -> str:
+    """``auto``: float32 on CPU (the compiled attention kernel runs float32; half precision on
+    CPU takes the slower pure-torch path), else the checkpoint's dtype (float32 if it declares
+    none or one mmserve does not run). Any other value is returned as it is."""
+    if requested != "auto":
+        return requested
+    if device.split(":")[0] == "cpu" or declared not in _DTYPES:
+        return "float32"
+    return declared
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What the engine needs to know about a checkpoint, derived from its HF config."""

@@ -11,47 +11,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mmserve.arg_types import (
+    human_readable_int,
+    human_readable_int_or_auto,
+    parse_bytes,
+    parse_json_object,
+    parse_mm_limits,
+)
 from mmserve.config import ATTENTION_BACKENDS, CacheConfig, GiB, SchedulerConfig
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["EngineArgs", "parse_bytes", "parse_json_object", "parse_mm_limits"]
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's --dtype values
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 HASH_ALGOS = ("xxh3_128", "sha256")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}  # vLLM's LLM(...) names
 
 
-def parse_bytes(text: str) -> int:
-    """``1073741824``, ``512MiB``, ``1G``, ``1.5GB`` -> bytes (K/M/G/T are powers of 1024)."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 512MiB, 1GiB)")
-    number, unit, _ = match.groups()
-    return int(float(number) * 1024 ** " kmgt".index(unit.lower() or " "))
-
-
-def parse_json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def parse_mm_limits(text: str) -> dict[str, int]:
-    """``'{"image": 2}'`` -> {"image": 2}; anything else is a usage error."""
-    value = parse_json_object(text)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values()):
-        raise argparse.ArgumentTypeError(
-            f'expected a JSON object of non-negative counts like {{"image": 2}}, got {text!r}'
-        )
-    return value
+def _scalar_type(annotation: str) -> type:
+    return float if "float" in annotation else int if "int" in annotation else str
 
 
 def _arg(default: Any, help_text: str, **cli: Any) -> Any:
@@ -66,7 +47,11 @@ class EngineArgs:
     """Engine settings. Unset (None) fields are autotuned from the model and the others."""
 
     model: str = _arg("tiny-llava", "preset name or HF checkpoint dir")
-    dtype: str = _arg("float32", "weight / activation dtype", choices=DTYPES)
+    dtype: str = _arg(
+        "auto", "weights / activations: 'auto' is float32 on CPU (the compiled attention kernel's"
+        " dtype) and the checkpoint's dtype elsewhere; half = float16, float = float32",
+        choices=DTYPES,
+    )  # fmt: skip
     seed: int = _arg(0, "engine seed (sampling without a per-request seed)")
     device: str = _arg("cpu", "torch device")
     attention_backend: str = _arg(
@@ -75,7 +60,10 @@ class EngineArgs:
         " 'torch' (gather + SDPA, any device/dtype), 'auto' (the kernel where it applies)",
         choices=ATTENTION_BACKENDS,
     )
-    max_model_len: int | None = _arg(None, "context length (default: from the model config)")
+    max_model_len: int | None = _arg(
+        None, "context length, e.g. 4096, 4k (4000), 4K (4096); auto or -1: the model config's",
+        type=human_readable_int_or_auto,
+    )  # fmt: skip
     processor_kwargs: dict[str, Any] | None = _arg(
         None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'",
         type=parse_json_object,
@@ -85,7 +73,14 @@ class EngineArgs:
         None, "KV cache blocks (default: max_num_seqs full-length sequences, capped by"
         " kv_cache_memory)",
     )  # fmt: skip
-    kv_cache_memory: int = _arg(1 * GiB, "KV cache memory cap, e.g. 512MiB", type=parse_bytes)
+    kv_cache_memory: int = _arg(
+        1 * GiB, "KV cache memory cap, e.g. 512MiB, 4G (K/M/G are powers of 1024)",
+        type=parse_bytes, aliases=("--kv-cache-memory-bytes",),
+    )  # fmt: skip
+    gpu_memory_utilization: float | None = _arg(
+        None, "vLLM compatibility: accepted (0 < f <= 1) and ignored; the KV cache is sized by"
+        " --kv-cache-memory-bytes / --num-kv-blocks",
+    )  # fmt: skip
     enable_prefix_caching: bool = _arg(True, "reuse KV blocks of shared prefixes, images included")
     prefix_caching_hash_algo: str = _arg("xxh3_128", "block hash", choices=HASH_ALGOS)
     prefix_caching_seed: int | None = _arg(None, "root hash seed (default: random per process)")
@@ -97,13 +92,62 @@ class EngineArgs:
     max_num_encoder_input_tokens: int | None = _arg(
         None, "encoder compute budget per step in embeddings"
     )
-    max_num_batched_tokens: int = _arg(2048, "token budget per step")
+    max_num_batched_tokens: int = _arg(
+        2048, "token budget per step, e.g. 2048, 8k, 8K", type=human_readable_int
+    )
     max_num_seqs: int = _arg(64, "max requests in the running batch")
     disable_chunked_mm_input: bool = _arg(False, "never split an image's tokens across chunks")
     limit_mm_per_prompt: dict[str, int] = _arg(
-        {"image": 16}, "max items per prompt as JSON, e.g. '{\"image\": 2}'", type=parse_mm_limits
-    )
+        {"image": 16}, "max items per prompt as JSON, e.g. '{\"image\": 2, \"video\": 0}'"
+        " (video and audio: 0 only)", type=parse_mm_limits,
+    )  # fmt: skip
     stall_steps: int | None = _arg(None, "steps without progress before a request fails")
+    tensor_parallel_size: int = _arg(
+        1, "vLLM compatibility: mmserve runs a model on one device, so only 1 is accepted",
+        aliases=("-tp",),
+    )  # fmt: skip
+    trust_remote_code: bool = _arg(
+        False, "vLLM compatibility: accepted and ignored; mmserve never runs code from a checkpoint"
+    )
+    enforce_eager: bool = _arg(
+        False, "vLLM compatibility: accepted and ignored; mmserve always runs eagerly"
+    )
+
+    def __post_init__(self) -> None:
+        """Normalise vLLM's aliases and refuse what mmserve cannot honour, before anything
+        loads (ValueError naming the setting)."""
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size (--tensor-parallel-size) must be 1: mmserve runs a model"
+                f" on one device, got {self.tensor_parallel_size}"
+            )
+        fraction = self.gpu_memory_utilization
+        if fraction is not None and not 0 < fraction <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {fraction}")
+        for modality, count in self.limit_mm_per_prompt.items():
+            if modality != "image" and count > 0:
+                raise ValueError(
+                    f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image input"
+                    f" only, got {modality}={count}; set it to 0 or leave it out"
+                )
+
+    def ignored_settings(self) -> list[str]:
+        """A line for each vLLM setting that was given but has no effect here (logged)."""
+        notes = []
+        if self.trust_remote_code:
+            notes.append("--trust-remote-code is ignored: mmserve runs no code from checkpoints")
+        if self.enforce_eager:
+            notes.append("--enforce-eager is ignored: mmserve always runs eagerly (no graphs)")
+        if self.gpu_memory_utilization is not None:
+            notes.append(
+                f"--gpu-memory-utilization {self.gpu_memory_utilization} is ignored: the KV"
+                f" cache is sized by --kv-cache-memory-bytes ({self.kv_cache_memory} bytes) or"
+                " --num-kv-blocks"
+            )
+        return notes
 
     @classmethod
     def add_cli_args(
@@ -128,8 +172,9 @@ class EngineArgs:
                     flag, action=argparse.BooleanOptionalAction, default=default, help=text
                 )
                 continue
-            kind = meta.pop("type", int if "int" in str(f.type) else str)
-            parser.add_argument(flag, type=kind, default=default, help=text, **meta)
+            aliases = meta.pop("aliases", ())
+            kind = meta.pop("type", _scalar_type(str(f.type)))
+            parser.add_argument(flag, *aliases, type=kind, default=default, help=text, **meta)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
@@ -144,6 +189,7 @@ class EngineArgs:
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineArgs:
         """``EngineArgs(model, **kwargs)`` with a ValueError naming unknown settings."""
         known = {f.name for f in fields(cls)}
+        kwargs = {KWARG_ALIASES.get(k, k): v for k, v in kwargs.items()}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")
@@ -173,6 +219,7 @@ class EngineArgs:
             disable_chunked_mm_input=self.disable_chunked_mm_input,
             encoder_cache_size=self.encoder_cache_size,
             max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
-            limit_mm_per_prompt=dict(self.limit_mm_per_prompt),
+            # other modalities are all 0 here (checked in __post_init__)
+            limit_mm_per_prompt={k: v for k, v in self.limit_mm_per_prompt.items() if k == "image"},
             stall_steps=self.stall_steps,
         )

@@ -10,7 +10,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from mmserve.config import EngineConfig, ModelConfig
+from mmserve.config import EngineConfig, ModelConfig, checkpoint_dtype, resolve_dtype
 from mmserve.engine_args import EngineArgs
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.registry import resolve_architecture
@@ -28,9 +28,11 @@ def build_model_config(
     dtype: str = "float32",
     max_model_len: int | None = None,
     processor_kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> ModelConfig:
     path = resolve_model_path(model)
     hf_config = AutoConfig.from_pretrained(path)
+    dtype = resolve_dtype(dtype, checkpoint_dtype(hf_config), device)
     arch, model_cls = resolve_architecture(hf_config)
     text = getattr(hf_config, "text_config", hf_config)
     limit = text.max_position_embeddings
@@ -56,7 +58,7 @@ def build_model_config(
 def create_engine_config(args: EngineArgs) -> EngineConfig:
     """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights)."""
     model_config = build_model_config(
-        args.model, args.dtype, args.max_model_len, args.processor_kwargs
+        args.model, args.dtype, args.max_model_len, args.processor_kwargs, args.device
     )
     return EngineConfig(
         model_config,

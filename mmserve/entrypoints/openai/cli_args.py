@@ -14,10 +14,13 @@ from typing import Any
 
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.limits import add_limit_flags
+from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
 
 DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
-/v1/models) plus /health and /metrics (Prometheus), in one process.
+/v1/models, /tokenize, /detokenize) plus /health, /ping, /version and /metrics (Prometheus),
+in one process. `mmserve serve MODEL` takes vLLM's flag names and value syntax; vLLM flags
+mmserve cannot honour fail with one line naming the flag (see the README).
 
 Requests without max_tokens / max_completion_tokens generate at most
 min(256, max_model_len - prompt tokens) tokens. Local image files are refused unless
@@ -35,6 +38,21 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="run the OpenAI-compatible HTTP server",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        action=_ModelAction,
+        metavar="MODEL",
+        help="preset name or HF checkpoint dir, as in `vllm serve MODEL` (or --model; default:"
+        f" {EngineArgs.model})",
+    )
+    p.add_argument(
+        "--model",
+        default=EngineArgs.model,
+        action=_ModelAction,
+        help="the model, as a flag (default: %(default)s)",
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     p.add_argument(
@@ -131,7 +149,14 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="image downloads in flight at once (default: %(default)s)",
     )
     add_limit_flags(p)
-    EngineArgs.add_cli_args(p.add_argument_group("engine (the same names as LLM(...) arguments)"))
+    engine = p.add_argument_group("engine (the same names as LLM(...) arguments)")
+    EngineArgs.add_cli_args(engine, exclude=("model",))
+    add_vllm_flags(p)
+    p.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="no access-log lines at all (/health, /ping and /metrics never get one)",
+    )
     p.add_argument(
         "--uvicorn-log-level",
         default="info",
@@ -140,6 +165,31 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=run_server)
     return p
+
+
+class _ModelAction(argparse.Action):
+    """``MODEL`` and ``--model`` both set ``model``; given both, they must agree."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values is None:  # the positional, absent
+            return
+        mine, other = ("model_flag", "model_tag") if option_string else ("model_tag", "model_flag")
+        given = getattr(namespace, other, None)
+        if given is not None and given != values:
+            parser.exit(
+                2,
+                f"{parser.prog}: error: the model is given twice and differently: MODEL"
+                f" {getattr(namespace, 'model_tag', None) or values!r} and --model"
+                f" {getattr(namespace, 'model_flag', None) or values!r}; give one\n",
+            )
+        setattr(namespace, mine, values)
+        namespace.model = values
 
 
 def media_policy(args: argparse.Namespace) -> Any:
@@ -182,6 +232,8 @@ def engine_args(args: argparse.Namespace) -> EngineArgs:
 
 def run_server(args: argparse.Namespace) -> int:
     """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
+    engine_args(args)  # settings errors before torch is imported
+    check_server_flags(args)
     # by name: the flags module stays free of the server's imports (and of an import cycle)
     server = importlib.import_module("mmserve.entrypoints.openai.server")
     return int(server.run(args))
