@@ -30,6 +30,8 @@ ENGINE_METRICS: tuple[EngineMetric, ...] = (
                  lambda e: e.scheduler.kv.pool.num_blocks),
     EngineMetric("kv_blocks_used", "gauge", "KV cache blocks referenced by live requests.",
                  lambda e: e.scheduler.kv.pool.num_used_blocks),
+    EngineMetric("kv_block_size", "gauge", "Tokens per KV cache block.",
+                 lambda e: e.config.cache.block_size),
     EngineMetric("num_requests_running", "gauge", "Requests in the running batch.",
                  lambda e: len(e.scheduler.running)),
     EngineMetric("num_requests_waiting", "gauge", "Requests waiting to be scheduled.",

@@ -6,6 +6,10 @@ keys the engine adds later) a gauge. The snapshot is read through a callable, so
 never touches engine state itself (the async engine publishes snapshots from its own thread).
 Each ``ServerMetrics`` owns its own ``CollectorRegistry``: several servers can live in one
 process (tests) without duplicate-name errors.
+
+Beside them, the metrics vLLM also has are exported under vLLM's names with a ``model_name``
+label (``vllm_metrics`` for the engine's; the request histograms and ``vllm:request_success``
+here), so dashboards built for vLLM work unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from mmserve.engine.engine_metrics import COUNTER_KEYS, DESCRIPTIONS
+from mmserve.engine.vllm_metrics import VLLMSnapshotCollector
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +92,48 @@ class EngineSnapshotCollector(Collector):
                 yield GaugeMetricFamily(name, doc, value=float(value))
 
 
-class ServerMetrics:
-    """Registry with the engine snapshot collector, latency histograms and request counters."""
+# finish reasons vLLM's request_success counts (not "rejected": never admitted)
+_SUCCESS_REASONS = frozenset({"stop", "length", "abort", "error"})
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]) -> None:
+
+class ServerMetrics:
+    """Registry with the engine snapshot collectors, latency histograms and request counters
+    (mmserve's names, and vLLM's labelled with the served model name)."""
+
+    def __init__(
+        self, snapshot: Callable[[], Mapping[str, Any]], model_name: str = "mmserve"
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
+        self.model_name = model_name
+        self._vllm_ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            ["model_name"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self._vllm_itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ["model_name"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self._vllm_e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            ["model_name"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self._vllm_success = Counter(
+            "vllm:request_success",
+            "Count of finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=reg,
+        )
+        reg.register(VLLMSnapshotCollector(snapshot, lambda: self.model_name))
         self.time_to_first_token = Histogram(
             "mmserve_time_to_first_token_seconds",
             "Seconds from request arrival (before image loading) to its first token.",
@@ -125,18 +166,35 @@ class ServerMetrics:
         )
         reg.register(EngineSnapshotCollector(snapshot, SERVER_METRIC_NAMES))
 
+    def set_model_name(self, name: str) -> None:
+        """The ``model_name`` label of the vLLM families (the first served name)."""
+        old, self.model_name = self.model_name, name
+        for metric in (self._vllm_ttft, self._vllm_itl, self._vllm_e2e):
+            if old != name:
+                try:
+                    metric.remove(old)
+                except KeyError:
+                    pass
+            metric.labels(model_name=name)  # exported at 0 before the first request
+
     def observe_first_token(self, seconds: float) -> None:
         self.time_to_first_token.observe(seconds)
+        self._vllm_ttft.labels(model_name=self.model_name).observe(seconds)
 
     def observe_inter_token(self, seconds: float, num_tokens: int) -> None:
         """``num_tokens`` arrived together ``seconds`` after the previous output."""
         per_token = seconds / max(1, num_tokens)
+        vllm_itl = self._vllm_itl.labels(model_name=self.model_name)
         for _ in range(num_tokens):
             self.inter_token_latency.observe(per_token)
+            vllm_itl.observe(per_token)
 
     def observe_finished(self, reason: str, seconds: float) -> None:
         self.requests_finished.labels(finish_reason=reason).inc()
         self.e2e_latency.observe(seconds)
+        self._vllm_e2e.labels(model_name=self.model_name).observe(seconds)
+        if reason in _SUCCESS_REASONS:
+            self._vllm_success.labels(model_name=self.model_name, finished_reason=reason).inc()
 
     def observe_http(self, endpoint: str, status: int) -> None:
         self.http_requests.labels(endpoint=endpoint, status=str(status)).inc()

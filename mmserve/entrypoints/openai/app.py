@@ -1,8 +1,9 @@
-"""The FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+"""The FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
+/health, /ping (GET and POST, like vLLM's and SageMaker's), /version, /metrics.
 
 Request bodies are parsed by ``http_body`` rather than by FastAPI, after the middlewares have
 checked the Host header and the API key, so every malformed body is an OpenAI-shaped 4xx.
-With an API key, everything but ``/health`` needs it (``/metrics`` too, unless
+With an API key, everything but ``/health`` and ``/ping`` needs it (``/metrics`` too, unless
 ``public_metrics``; ``/docs`` and ``/openapi.json`` too). CORS headers only for
 ``allowed_origins``.
 """
@@ -42,6 +43,10 @@ from mmserve.entrypoints.openai.protocol import (
     ModelList,
 )
 from mmserve.entrypoints.openai.serving import OpenAIServing
+from mmserve.entrypoints.openai.tokenize_routes import TokenizeHandler, add_tokenize_routes
+from mmserve.version import package_version
+
+OWNED_BY = "mmserve"  # /v1/models' owned_by (vLLM writes "vllm")
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,10 @@ def build_app(
     served_model_names: list[str],
     model_aliases: set[str] | None = None,
     policy: HTTPPolicy | None = None,
+    model_root: str | None = None,
 ) -> FastAPI:
-    """The app around a (not yet started) engine; its lifespan starts and stops the loop."""
+    """The app around a (not yet started) engine; its lifespan starts and stops the loop.
+    ``model_root`` is /v1/models' ``root`` (the model as given; default: the first name)."""
     policy = policy or HTTPPolicy()
     queued = engine.max_queued_requests
     guard = JSONGuard(policy.limits, max(1, queued) if queued is not None else DEFAULT_MAX_WAITING)
@@ -83,9 +90,10 @@ def build_app(
     app.state.json_guard = guard
     serving = OpenAIServing(engine, served_model_names, model_aliases)
     app.state.serving = serving
+    engine.stats.set_model_name(served_model_names[0])
     install_error_handlers(app)
     if policy.api_key is not None:
-        public = {"/health"} | ({"/metrics"} if policy.public_metrics else set())
+        public = {"/health", "/ping"} | ({"/metrics"} if policy.public_metrics else set())
         app.add_middleware(APIKeyMiddleware, api_key=policy.api_key, public_paths=frozenset(public))
     if policy.allowed_origins:
         app.add_middleware(
@@ -112,6 +120,18 @@ def build_app(
             return JSONResponse(body, err.status, headers=headers)
         return JSONResponse({"status": "ok"})
 
+    @app.get("/ping")
+    async def ping() -> Response:
+        return await health()
+
+    @app.post("/ping")
+    async def ping_post() -> Response:
+        return await health()
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": package_version()}
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(engine.stats.render(), media_type=CONTENT_TYPE_LATEST)
@@ -120,11 +140,15 @@ def build_app(
 
     @v1.get("/models")
     async def models() -> dict[str, Any]:
+        root = model_root or served_model_names[0]
         cards = [
-            ModelCard(id=name, root=served_model_names[0], max_model_len=engine.max_model_len)
+            ModelCard(id=name, root=root, owned_by=OWNED_BY, max_model_len=engine.max_model_len)
             for name in served_model_names
         ]
-        return ModelList(data=cards).model_dump()
+        listing = ModelList(data=cards).model_dump()
+        for card in listing["data"]:
+            card.setdefault("parent", None)  # vLLM's field: no adapters here
+        return listing
 
     @v1.post("/chat/completions")
     async def chat_completions(raw: Request) -> Response:
@@ -141,4 +165,5 @@ def build_app(
             return error_response(to_api_error(exc))
 
     app.include_router(v1)
+    add_tokenize_routes(app, TokenizeHandler(engine, serving), body)
     return app

@@ -11,7 +11,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mmserve.engine.metrics import ServerMetrics
 from mmserve.entrypoints.openai.errors import APIError, error_response
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/health",
+    "/ping",
+    "/version",
+    "/metrics",
+)
 
 
 class HTTPMetricsMiddleware:

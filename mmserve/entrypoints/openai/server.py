@@ -34,11 +34,51 @@ from mmserve.multimodal.media_workers import MediaWorkers
 logger = logging.getLogger(__name__)
 
 CLOSE_CONNECTIONS_S = 5  # after draining: how long uvicorn waits for sockets to close
+QUIET_PATHS = frozenset({"/health", "/ping", "/metrics"})  # polled: no access-log lines
+
+
+class QuietPathsFilter(logging.Filter):
+    """Drops uvicorn access-log records of ``QUIET_PATHS`` (probes and scrapes)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            return args[2].split("?", 1)[0] not in QUIET_PATHS
+        return True
+
+
+def _quiet_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QuietPathsFilter) for f in access.filters):
+        access.addFilter(QuietPathsFilter())
+
+
+def startup_summary(engine: LLMEngine, args: argparse.Namespace) -> str:
+    """One log paragraph: what runs, how much fits, where to reach it."""
+    mc, cache = engine.config.model, engine.config.cache
+    blocks = engine.scheduler.kv.pool.num_blocks
+    kv_tokens = blocks * cache.block_size
+    url = f"http://{args.host}:{args.port}" if args.port else f"http://{args.host}, a free port"
+    return (
+        f"model {args.model} ({mc.path}), architecture {mc.architecture}, dtype {mc.dtype},"
+        f" device {engine.device}, max_model_len {mc.max_model_len}\n"
+        f"KV cache: {blocks} blocks of {cache.block_size} tokens ({kv_tokens} tokens),"
+        f" max concurrency {kv_tokens / mc.max_model_len:.2f}x at {mc.max_model_len}"
+        f" tokens per request, max_num_seqs {engine.config.scheduler.max_num_seqs}\n"
+        f"encoder: up to {mc.max_tokens_per_image} embeddings per image, per-step budget"
+        f" {engine.encoder_budget} embeddings, cache {engine.scheduler.encoder_cache.capacity}"
+        f" embeddings, {engine.config.scheduler.max_images_per_prompt} images per prompt\n"
+        f"serving on {url} (/v1/chat/completions, /v1/completions,"
+        " /v1/models, /tokenize, /detokenize, /health, /ping, /version, /metrics)"
+    )
 
 
 def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     """Load the model and build the app; the engine loop starts with the app's lifespan."""
     check_server_flags(args)
+    settings = engine_args(args)
+    for note in settings.ignored_settings():
+        logger.info(note)
     policy_for_media = media_policy(args)
     policy = HTTPPolicy(
         api_key=args.api_key,
@@ -47,7 +87,7 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
         allowed_origins=tuple(args.allowed_origins or ()),
         limits=limits_from_args(args),
     )
-    llm_engine = LLMEngine.from_engine_args(engine_args(args), media_policy=policy_for_media)
+    llm_engine = LLMEngine.from_engine_args(settings, media_policy=policy_for_media)
     executors = AdmissionExecutors.sized_for(args.text_workers)
     processes = executors.media_workers if args.media_workers is None else args.media_workers
     engine = AsyncLLMEngine(
@@ -60,18 +100,29 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     )
     names = list(args.served_model_name or [args.model])
     aliases = {args.model, str(llm_engine.config.model.path)}
-    return build_app(engine, served_model_names=names, model_aliases=aliases, policy=policy)
+    app = build_app(
+        engine,
+        served_model_names=names,
+        model_aliases=aliases,
+        policy=policy,
+        model_root=args.model,
+    )
+    logger.info(startup_summary(llm_engine, args))
+    return app
 
 
 def _config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.uvicorn_log_level,
+        access_log=not args.disable_uvicorn_access_log,
         timeout_graceful_shutdown=CLOSE_CONNECTIONS_S,
         lifespan="on",
     )
+    _quiet_access_log()  # after the Config: it (re)configures uvicorn's loggers
+    return config
 
 
 class DrainingServer(uvicorn.Server):
