@@ -23,6 +23,7 @@ from mmserve.engine.loading import (
     load_tokenizer,
     torch_dtype,
 )
+from mmserve.engine.malloc_tuning import tune_malloc
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
@@ -49,6 +50,7 @@ class LLMEngine:
     ) -> None:
         """``media_policy`` says which image URLs / files may be read (default: public URLs,
         and local files as ``allowed_local_path`` says: True any, a directory below it)."""
+        tune_malloc()  # glibc: reuse freed memory instead of re-faulting it every step
         self.config = config
         mc, sc, cc = config.model, config.scheduler, config.cache
         torch.manual_seed(config.seed)
