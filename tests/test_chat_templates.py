@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from transformers import AutoProcessor, AutoTokenizer
 
+from mmserve.engine.chat_content_format import detect_content_format
 from mmserve.engine.chat_template import ChatTemplate, find_chat_template, load_chat_template_arg
 from mmserve.engine.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
@@ -192,3 +193,27 @@ def test_vllm_flag_names_for_the_chat_settings() -> None:
     assert args.processor_kwargs == {"max_pixels": 401408}
     assert (args.chat_template, args.generation_config) == ("t.jinja", "vllm")
     assert EngineArgs.from_kwargs(mm_processor_kwargs={"a": 1}).processor_kwargs == {"a": 1}
+
+
+LOOP = "{% for m in messages %}"
+END = "{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        (LOOP + "{{ m['content'] }}" + END, "string"),
+        (LOOP + "{% for p in m['content'] %}{{ p.text }}{% endfor %}" + END, "openai"),
+        ("{% for m in messages[1:] %}{% for p in m.content | list %}x{% endfor %}" + END, "openai"),
+        (
+            "{% set msgs = messages %}{% for m in msgs %}{% set c = m['content'] %}"
+            "{% for p in c %}x{% endfor %}" + END,
+            "openai",
+        ),
+        (LOOP + "{{ m['content'] | map(attribute='text') | join }}" + END, "openai"),
+        (LOOP + "{% for k in m['other'] %}x{% endfor %}" + END, "string"),
+        ("{% for m in messages %", "string"),  # unparsable: vLLM's default
+    ],
+)
+def test_content_format_detection(template: str, expected: str) -> None:
+    assert detect_content_format(template) == expected
