@@ -36,6 +36,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from mmserve.bench.harness import add_priority_arg, apply_priority
+
 ATTACKERS = {"many_parts": 2, "uploads_4k": 2, "drip_urls": 16, "stop_strings": 2}
 CHAT = "/v1/chat/completions"
 JSON_HDR = {"content-type": "application/json"}
@@ -432,6 +434,7 @@ def main() -> int:
     p.add_argument("--health-timeout", type=float, default=2.0)
     p.add_argument("--settle", type=float, default=45.0, help="max recovery wait per scenario")
     p.add_argument("--out", default="benchmarks/results/adversarial_load.json")
+    add_priority_arg(p)
     args = p.parse_args()
     names = [s for s in args.scenarios.split(",") if s]
     unknown = set(names) - {"idle", *ATTACKERS}
@@ -439,11 +442,7 @@ def main() -> int:
         p.error(f"unknown scenarios: {sorted(unknown)}")
     names = ["idle"] + [s for s in names if s != "idle"]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
-    print(
-        "reminder: as root, run `echo -20 > /proc/self/autogroup` in this shell first "
-        "(same priority for server and clients vs. other work on the machine)",
-        flush=True,
-    )
+    priority = apply_priority(args)  # autogroup (server and attackers too) + process nice
     log = tempfile.NamedTemporaryFile("w", prefix="mmserve-adv-", suffix=".log", delete=False)
     proc, base_url = None, ""
     rounds: list[dict[str, dict]] = []
@@ -476,6 +475,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"args": vars(args), "attackers": ATTACKERS, "cpu_count": os.cpu_count()}
+    meta["priority"] = priority
     meta |= {"server_log": log.name, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     out.write_text(json.dumps({"meta": meta, "summary": summary, "rounds": rounds}, indent=1))
     print(report(summary))

@@ -28,7 +28,10 @@ __all__ = ["EngineArgs", "parse_bytes", "parse_json_object", "parse_mm_limits"]
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's --dtype values
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 HASH_ALGOS = ("xxh3_128", "sha256")
-KWARG_ALIASES = {"kv_cache_memory_bytes": "kv_cache_memory"}  # vLLM's LLM(...) names
+KWARG_ALIASES = {  # vLLM's LLM(...) names
+    "kv_cache_memory_bytes": "kv_cache_memory",
+    "mm_processor_kwargs": "processor_kwargs",
+}
 
 
 def _scalar_type(annotation: str) -> type:
@@ -65,8 +68,19 @@ class EngineArgs:
         type=human_readable_int_or_auto,
     )  # fmt: skip
     processor_kwargs: dict[str, Any] | None = _arg(
-        None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'",
-        type=parse_json_object,
+        None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'"
+        " (vLLM's --mm-processor-kwargs)",
+        type=parse_json_object, aliases=("--mm-processor-kwargs",),
+    )  # fmt: skip
+    chat_template: str | None = _arg(
+        None, "chat template file or template text (default: the checkpoint's chat_template.jinja,"
+        " chat_template.json, tokenizer or processor config)",
+        metavar="PATH|TEMPLATE",
+    )  # fmt: skip
+    generation_config: str = _arg(
+        "auto", "sampling defaults: 'auto' (the checkpoint's generation_config.json), 'vllm'"
+        " (ignore it) or a directory holding a generation_config.json",
+        metavar="auto|vllm|DIR",
     )  # fmt: skip
     block_size: int = _arg(16, "tokens per KV cache block")
     num_kv_blocks: int | None = _arg(

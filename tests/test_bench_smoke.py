@@ -7,11 +7,12 @@ import json
 
 import httpx
 
-from mmserve.bench import multiturn, probe, reuse, serve
+from mmserve.bench import all as bench_all
+from mmserve.bench import floor, multiturn, probe, reuse, serve
 from mmserve.bench.cli import add_bench_parser
 from mmserve.bench.workloads import percentile, reuse_specs, zipf_specs
 
-MODEL = ["--model", "tiny-llava", "--resolution", "480p", "--threads", "2"]
+MODEL = ["--model", "tiny-llava", "--resolution", "480p", "--threads", "2", "--no-raise-priority"]
 
 
 def test_multiturn(tmp_path):
@@ -144,6 +145,7 @@ def test_serve_client_against_stub(tmp_path):
         "1",
         "--out",
         str(tmp_path),
+        "--no-raise-priority",
     ]
     out = serve.main(argv, transport=httpx.MockTransport(_sse_stub))
     summary = out["summary"]
@@ -151,6 +153,83 @@ def test_serve_client_against_stub(tmp_path):
     assert summary["out_tok_per_s"] > 0 and summary["ttft_p50_s"] > 0
     assert all(r["text"] == "a b c" and len(r["itl_s"]) == 2 for r in out["results"])
     assert (tmp_path / "serve_c2_30pct_shuffled.json").exists()
+
+
+def test_bench_all_quick_subset(tmp_path):
+    """`mmserve bench all` end to end on a subset: sections run as child processes, then the
+    tables are rendered from their JSON."""
+    out = bench_all.main(
+        [
+            "--only",
+            "reuse-0,multiturn-llava",
+            "--quick",
+            "--model",
+            "tiny-llava",
+            "--resolution",
+            "480p",
+            "--threads",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--no-raise-priority",
+        ]
+    )
+    assert out["failed"] == [], (tmp_path / "logs").glob("*.log")
+    text = (tmp_path / "tables.md").read_text()
+    assert "| 0 % reuse | " in text and "### multiturn, 2 turns, 480p, tiny-llava" in text
+    saved = json.loads((tmp_path / "reuse_tiny-llava_0pct_grouped_all.json").read_text())
+    assert saved["env"]["priority"]["requested"] is False
+    assert [e for r, e in saved["round_order"] if r == 1][0] == "mmserve-prefix-off"
+    row = saved["rows"][0]
+    assert row["rounds"] == 2 and row["req_per_s_min"] <= row["req_per_s"] <= row["req_per_s_max"]
+    assert saved["versions"]["torch"] and saved["threads"]["threads"] == 2
+
+
+def test_floor(tmp_path):
+    reuse_json = tmp_path / "reuse.json"
+    reuse_json.write_text(json.dumps({"rows": [{"engine": "mmserve", "req_per_s": 2.0}]}))
+    out = floor.main(
+        [*MODEL, "--gemm-seconds", "0.2", "--out", str(tmp_path), "--reuse-json", str(reuse_json)]
+    )
+    flops = out["flops"]
+    assert flops["flops_per_request"] > 0 and flops["prompt_tokens"] > 0
+    assert 0 < flops["flops_skippable_vision_layers"] < flops["flops_vision"]  # LLaVA layer -2
+    assert out["gemm"]["gflops"] > 0
+    (row,) = out["rows"]
+    assert row["time_over_floor"] == out["floor_req_per_s"] / 2.0
+    assert (tmp_path / "floor_tiny-llava.json").exists()
+
+
+def test_serve_launch_starts_and_stops_the_server(tmp_path):
+    out = serve.main(
+        [
+            "--launch",
+            "mmserve",
+            "--model",
+            "tiny-llava",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--warmup-requests",
+            "1",
+            "--resolution",
+            "480p",
+            "--threads",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--no-raise-priority",
+        ]
+    )
+    (row,) = out["rows"]
+    assert row["server"] == "mmserve" and row["failed"] == 0 and row["req_per_s"] > 0
+    assert row["rounds"] == 1 and row["throughput_ratio"] == 1.0
+    saved = json.loads((tmp_path / "serve_launch_tiny-llava_30pct_shuffled.json").read_text())
+    assert saved["server_start_s"]["mmserve"][0] > 0
+    assert (tmp_path / "serve_logs" / "mmserve_round0.log").exists()
 
 
 def test_sse_parsing_and_helpers():

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from mmserve.kernels import cpu_kernels_apply, cpu_ops, unavailable_reason
-from mmserve.layers.fused_linear import FusedLinears
+from mmserve.layers.fused_linear import StackedLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import RotaryEmbedding, apply_rope, apply_rope_to_heads_
+from mmserve.models.loader import load_safetensors
 
 
 @pytest.fixture(autouse=True)
@@ -71,24 +73,31 @@ def test_rope_on_fused_rows_is_bit_exact(heads, kv_heads, head_dim):
     assert torch.equal(v2, expected_v)
 
 
+SHARDS = [("q_proj", 16), ("k_proj", 8), ("v_proj", 8)]
+
+
 @pytest.mark.parametrize("bias", [True, False])
-def test_fused_linears_match_separate_layers_and_share_memory(bias):
+def test_stacked_linear_loads_each_shard_from_its_checkpoint_name(bias, tmp_path):
     torch.manual_seed(0)
-    layers = [nn.Linear(32, n, bias=bias) for n in (16, 8, 8)]
+    separate = nn.ModuleDict({n: nn.Linear(32, size, bias=bias) for n, size in SHARDS})
+    weights = {f"attn.{k}": v for k, v in separate.state_dict().items()}
+    save_file(weights, tmp_path / "m.safetensors")
+    model = nn.Module()
+    model.attn = nn.Module()
+    model.attn.qkv_proj = StackedLinear(32, SHARDS, bias=bias)
+    load_safetensors(model, tmp_path, [])
     x = torch.randn(5, 32)
-    expected = torch.cat([lin(x) for lin in layers], dim=-1)
-    fused = FusedLinears(*layers)
     with torch.inference_mode():
-        out = fused(x)
-    torch.testing.assert_close(out, expected)
-    assert layers[1].weight.data_ptr() == layers[0].weight.data_ptr() + 16 * 32 * 4
-    with torch.no_grad():  # a later load into one layer reaches the fused weight
-        layers[2].weight.zero_()
-    with torch.inference_mode():
-        assert torch.count_nonzero(fused(x)[:, 24:] - (layers[2].bias if bias else 0)) == 0
+        parts = model.attn.qkv_proj.split(model.attn.qkv_proj(x))
+    for (name, _), part in zip(SHARDS, parts, strict=True):
+        torch.testing.assert_close(part, separate[name](x))
 
 
-def test_fused_linears_refuse_mixed_biases():
-    fused = FusedLinears(nn.Linear(4, 4, bias=True), nn.Linear(4, 4, bias=False))
-    with pytest.raises(ValueError, match="biases"):
-        fused(torch.randn(1, 4))
+def test_stacked_linear_shard_missing_from_the_checkpoint_is_a_missing_key(tmp_path):
+    weights = {f"attn.{n}.weight": torch.zeros(size, 32) for n, size in SHARDS[:2]}
+    save_file(weights, tmp_path / "m.safetensors")
+    model = nn.Module()
+    model.attn = nn.Module()
+    model.attn.qkv_proj = StackedLinear(32, SHARDS, bias=False)
+    with pytest.raises(ValueError, match=r"missing keys \['attn.v_proj.weight'\]"):
+        load_safetensors(model, tmp_path, [])

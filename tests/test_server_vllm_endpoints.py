@@ -88,8 +88,9 @@ def test_tokenize_messages_counts_what_a_chat_costs(server: RunningServer) -> No
         ({}, "exactly one"),
         ({"messages": [{"role": "user", "content": "a"}], "chat_template": "{{x}}"},
          "chat_template"),
-        ({"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": False},
-         "add_generation_prompt"),
+        ({"messages": [{"role": "user", "content": "a"}], "tools": []}, "tools"),
+        ({"messages": [{"role": "user", "content": "a"}], "continue_final_message": True},
+         "continue_final_message"),
         ({"prompt": "a", "model": "gpt-4"}, "gpt-4"),
     ],
 )  # fmt: skip
@@ -97,6 +98,14 @@ def test_tokenize_refusals_name_the_field(server: RunningServer, body: dict, nam
     got = post(server, "/tokenize", body)
     assert got.status_code in (400, 404), got.text
     assert named in got.json()["error"]["message"]
+
+
+def test_tokenize_messages_takes_the_chat_options(server: RunningServer) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    with_prompt = post(server, "/tokenize", {"messages": messages}).json()["count"]
+    body = {"messages": messages, "add_generation_prompt": False}
+    without = post(server, "/tokenize", body).json()["count"]
+    assert 0 < without < with_prompt  # the assistant turn's opening is not rendered
 
 
 def test_detokenize_round_trips(server: RunningServer) -> None:

@@ -16,22 +16,27 @@ WORKLOADS: dict[str, str] = {
     "probe": "add images to one chat until a limit: encoder peak memory, caches on vs off",
     "serve": "async streaming client against a running OpenAI-compatible server",
     "latency": "single request, one new image: mmserve vs transformers",
+    "all": "every README benchmark in one run (interleaved rounds), then its tables",
+    "floor": "FLOPs per reuse request (counted) / fp32 GEMM rate (measured): the FLOP floor",
+    "envs": "one workload under allocator / OpenMP variants (fresh process per run, interleaved)",
 }
 
 
 def _run(args: argparse.Namespace) -> int:
     module = importlib.import_module(f"mmserve.bench.{args.workload}")
-    module.main(list(args.workload_args))
-    return 0
+    result = module.main(list(args.workload_args))
+    return 1 if isinstance(result, dict) and result.get("failed") else 0
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``bench`` with one sub-command per workload to an ``add_subparsers()`` object."""
     bench = sub.add_parser(
         "bench",
-        help="reproducible benchmarks (multiturn, reuse, probe, serve, latency)",
+        help="reproducible benchmarks (multiturn, reuse, probe, serve, latency, floor, all, envs)",
         description="Run a benchmark workload; `mmserve bench <workload> --help` lists its "
-        "options. Each prints a markdown table and writes JSON + PNG under --out.",
+        "options. Each prints a markdown table and writes JSON + PNG under --out. Engines run "
+        "in interleaved rounds (--rounds), tables show medians with min-max, and the "
+        "scheduling priority is raised when permitted (--no-raise-priority keeps it).",
     )
     workloads = bench.add_subparsers(dest="workload", required=True, metavar="<workload>")
     for name, help_text in WORKLOADS.items():

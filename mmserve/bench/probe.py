@@ -22,13 +22,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mmserve.bench.harness import add_priority_arg, apply_priority, engine_versions, threads_info
 from mmserve.bench.images import RESOLUTIONS, png_bytes
 from mmserve.bench.report import markdown_table, plot_lines, save
 from mmserve.bench.runners import MmserveRunner, add_engine_args, processor_kwargs_for
 from mmserve.engine_args import EngineArgs
 
 MODES = {"mmserve": True, "mmserve-nocache": False}
-M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -42,9 +43,16 @@ def rss_bytes() -> int:
 
 
 def fix_mmap_threshold(nbytes: int = 64 * 1024) -> bool:
-    """Large blocks via mmap (returned on free), so RSS follows live tensors. glibc only."""
+    """Large blocks via mmap (returned on free), so RSS follows live tensors; the heap trimmed
+    and padded as glibc's defaults do (the engine's ``tune_malloc`` keeps freed memory instead,
+    so this is applied again after each engine starts). glibc only."""
     try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, nbytes))
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        return bool(
+            mallopt(M_MMAP_THRESHOLD, nbytes)
+            and mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+            and mallopt(M_TOP_PAD, 128 * 1024)
+        )
     except (OSError, AttributeError):
         return False
 
@@ -92,6 +100,8 @@ def probe_mode(mode: str, args: argparse.Namespace, pkw: dict[str, Any]) -> list
         processor_kwargs=pkw, limit_mm_per_prompt={"image": args.max_images}
     )
     runner = MmserveRunner(engine.pop("model"), caches=MODES[mode], **engine)
+    if args.mmap_fixed:  # after the engine's own malloc tuning
+        fix_mmap_threshold()
     meter = EncoderMeter(runner.engine.model)
     warm = [
         {
@@ -163,13 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-mallopt", action="store_true", help="keep glibc's mmap threshold")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", default="bench_results")
+    add_priority_arg(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    apply_priority(args)
     fixed = False if args.no_mallopt or torch.cuda.is_available() else fix_mmap_threshold()
+    args.mmap_fixed = fixed
     pkw = processor_kwargs_for(args.model, args.max_pixels)
     rows = []
     for mode in args.modes.split(","):
@@ -210,7 +223,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = save(
         name,
         args.out,
-        {"args": vars(args), "mmap_threshold_fixed": fixed, "summary": summary, "rows": rows},
+        {
+            "args": vars(args),
+            "versions": engine_versions(),
+            "threads": threads_info(args.threads),
+            "mmap_threshold_fixed": fixed,
+            "summary": summary,
+            "rows": rows,
+        },
     )
     series = {
         m: (

@@ -15,19 +15,25 @@ import torch
 
 def environment() -> dict[str, Any]:
     """Where and how a result was measured (numbers on a shared 2-core box are noisy: the load
-    average says how noisy)."""
+    average and each run's ``others_cores`` say how noisy), with the scheduling priority
+    obtained (``harness.raise_priority``)."""
+    from mmserve.bench.harness import priority_state
+
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "ld_preload": os.environ.get("LD_PRELOAD"),
         "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "commit": _git_commit(),
+        "commit": git_commit(),
+        "priority": priority_state(),
     }
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """HEAD of the mmserve checkout (+ "-dirty" with local changes), None outside git."""
     root = Path(__file__).resolve().parents[2]
     try:

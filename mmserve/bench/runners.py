@@ -11,6 +11,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
+from mmserve.bench.meter import Meter
 from mmserve.bench.reference import QWEN2_VL, HFReference
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages, render_chat
@@ -151,6 +152,7 @@ def run_transformers(
     ref: HFReference, requests: list[dict], max_tokens: int, arrival: str
 ) -> dict[str, Any]:
     """transformers serves one request at a time: under ``all`` later requests queue."""
+    meter = Meter()
     t0 = time.monotonic()
     outs, ttfts, prompt_tokens = [], [], 0
     for request in tqdm(requests, desc="transformers"):
@@ -160,8 +162,10 @@ def run_transformers(
         outs.append(ids)
         ttfts.append((first or time.monotonic()) - start)
         prompt_tokens += int(inputs["input_ids"].shape[1])
+    wall = time.monotonic() - t0
     return {
-        "wall_s": time.monotonic() - t0,
+        "wall_s": wall,
+        "meter": meter.stop(),
         "ttfts": ttfts,
         "outputs": outs,
         "prompt_tokens": prompt_tokens,

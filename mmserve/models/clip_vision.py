@@ -2,10 +2,10 @@
 
 Parameter names follow transformers' ``CLIPVisionModel`` (``embeddings.*``, ``pre_layrnorm``,
 ``encoder.layers.N.*``), except that each layer's q/k/v projections are one ``qkv_proj`` matmul
-(the loader stacks the checkpoint's ``q_proj``/``k_proj``/``v_proj`` into it, see
-``stacked_weights``). Only the layers up to ``vision_feature_layer`` are built; the checkpoint's
-later layers and ``post_layernorm`` are named by ``skipped_weights`` so the loader passes over
-them (any other unknown key still fails the load).
+(a ``StackedLinear``, loaded from the checkpoint's ``q_proj``/``k_proj``/``v_proj``). Only the
+layers up to ``vision_feature_layer`` are built; the checkpoint's later layers and
+``post_layernorm`` are named by ``skipped_weights`` so the loader passes over them (any other
+unknown key still fails the load).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
+
+from mmserve.layers.fused_linear import StackedLinear
 
 # transformers' CLIPEncoderLayer parameter names, per layer.
 LAYER_WEIGHTS = tuple(
@@ -76,7 +78,8 @@ class CLIPAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.qkv_proj = nn.Linear(dim, 3 * dim)
+        shards = [("q_proj", dim), ("k_proj", dim), ("v_proj", dim)]
+        self.qkv_proj = StackedLinear(dim, shards, bias=True)
         self.out_proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,18 +146,6 @@ class CLIPVisionTower(nn.Module):
         for layer in self.encoder.layers:
             x = layer(x)
         return x
-
-    def stacked_weights(self, prefix: str) -> dict[str, tuple[str, slice]]:
-        """Checkpoint name -> (this tower's fused parameter, its rows): q/k/v -> qkv_proj."""
-        dim = self.config.hidden_size
-        out = {}
-        for i in range(len(self.encoder.layers)):
-            attn = f"{prefix}encoder.layers.{i}.self_attn"
-            for j, name in enumerate("qkv"):
-                for kind in ("weight", "bias"):
-                    rows = slice(j * dim, (j + 1) * dim)
-                    out[f"{attn}.{name}_proj.{kind}"] = (f"{attn}.qkv_proj.{kind}", rows)
-        return out
 
     def skipped_weights(self, prefix: str) -> set[str]:
         """Checkpoint names this tower does not build: the layers after the feature layer and

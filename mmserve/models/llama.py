@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
-from mmserve.layers.fused_linear import FusedLinears
+from mmserve.layers.fused_linear import StackedLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import RotaryEmbedding, apply_rope_to_heads_, rope_theta
 
@@ -26,17 +26,16 @@ class Attention(nn.Module):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.scale = self.head_dim**-0.5
         hidden = cfg.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
-        self.qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shards = [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
+        self.qkv_proj = StackedLinear(hidden, shards, bias=qkv_bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=o_bias)
 
     def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata):
         t, d = x.shape[0], self.head_dim
-        qkv = self.qkv(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
+        qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
         apply_rope_to_heads_(qkv, self.num_heads + self.num_kv_heads, cos, sin)
-        q, k, v = qkv.split(self.qkv.split_sizes, dim=-1)
+        q, k, v = self.qkv_proj.split(qkv)
         out = paged_attention(
             self.layer_idx,
             cache,
@@ -52,13 +51,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        shards = [("gate_proj", intermediate), ("up_proj", intermediate)]
+        self.gate_up_proj = StackedLinear(hidden, shards, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
-        self.gate_up = FusedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.gate_up.split_sizes, dim=-1)
+        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
         return self.down_proj(nn.functional.silu(gate, inplace=True) * up)
 
 

@@ -69,7 +69,6 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             LLAVA_RENAME_RULES,
             self.tied_weights(self.config),
             skip=self.vision_tower.skipped_weights("vision_tower."),
-            stacked=self.vision_tower.stacked_weights("vision_tower."),
         )
 
     def encode_images(self, pixel_values: list[Any]) -> list[torch.Tensor]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from mmserve.layers.fused_linear import stacked_checkpoint_rows
 
 
 def load_safetensors(
@@ -17,7 +19,6 @@ def load_safetensors(
     rename_rules: list[tuple[str, str]],
     tied: dict[str, str] | None = None,
     skip: Collection[str] = (),
-    stacked: Mapping[str, tuple[str, slice]] | None = None,
 ) -> None:
     """Load every ``*.safetensors`` file of ``checkpoint_dir`` into ``model``.
 
@@ -27,15 +28,15 @@ def load_safetensors(
     ``skip`` names (after renaming) weights the checkpoint may hold that the model deliberately
     does not build, e.g. vision layers after the feature layer: they are not read. Any other key
     the model lacks is unexpected.
-    ``stacked`` maps a name (after renaming) to (fused parameter, its rows): e.g. q/k/v projections
-    loaded into one qkv matmul; each such name is required like a parameter of its own.
+    Each ``StackedLinear`` shard (e.g. ``q_proj`` of a ``qkv_proj``) loads from its own
+    checkpoint name into its rows and is required like a parameter of its own.
     Raises ValueError naming missing and unexpected keys.
     """
     files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors weights in {checkpoint_dir}")
     params = dict(model.state_dict())
-    stacked = stacked or {}
+    stacked = stacked_checkpoint_rows(model)
     fused = {target for target, _ in stacked.values()}
     required = {k for k in params if k not in fused and not _is_non_persistent(model, k)}
     required |= set(stacked)

@@ -1,9 +1,10 @@
 """``POST /tokenize`` and ``POST /detokenize`` in vLLM's request and response shapes.
 
 ``/tokenize`` takes ``prompt`` (``add_special_tokens`` defaults to true) or ``messages``
-(rendered by the chat template and, unless ``add_special_tokens`` is given, tokenized exactly as
-a chat completion's prompt is; vLLM's default there is false) and answers
-``{count, max_model_len, tokens, token_strs}``. With images in ``messages`` the images are
+(rendered by the server's chat template with ``add_generation_prompt``,
+``continue_final_message`` and ``chat_template_kwargs`` as a chat completion is, and, unless
+``add_special_tokens`` is given, tokenized as its prompt is; vLLM's default is false) and
+answers ``{count, max_model_len, tokens, token_strs}``. With images in ``messages`` the images are
 fetched and processed under the server's media policy, so ``tokens`` carry the expanded image
 placeholders: ``count`` is what the prompt costs in the context. ``/detokenize`` takes
 ``tokens`` and answers ``{prompt}``. Tokenization runs in the text pool, never on the loop.
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.entrypoints.chat_utils import chat_to_prompt
+from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.entrypoints.openai.errors import APIError, error_response, to_api_error
 from mmserve.entrypoints.openai.protocol import ChatMessage
 from mmserve.entrypoints.openai.serving import OpenAIServing
@@ -39,9 +40,9 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
-    # vLLM's chat-template options, refused by name until the chat template path takes them
-    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's fields mmserve's chat path does not take: refused by name
+    chat_template: str | None = None
     tools: list[Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
@@ -62,18 +63,22 @@ def _check_tokenize(req: TokenizeRequest) -> None:
         return
     refused = [
         name
-        for name, neutral in (
-            ("chat_template", None),
-            ("chat_template_kwargs", None),
-            ("tools", None),
-            ("mm_processor_kwargs", None),
-            ("add_generation_prompt", True),
-            ("continue_final_message", False),
-        )
-        if getattr(req, name) != neutral
+        for name in ("chat_template", "tools", "mm_processor_kwargs")
+        if getattr(req, name) is not None
     ]
     if refused:
         raise APIError(400, f"unsupported field(s): {', '.join(refused)}", param=refused[0])
+
+
+def _chat_options(req: TokenizeRequest) -> ChatOptions:
+    try:
+        return ChatOptions(
+            req.add_generation_prompt,
+            req.continue_final_message,
+            dict(req.chat_template_kwargs or {}),
+        )
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="continue_final_message") from None
 
 
 def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
@@ -101,7 +106,11 @@ class TokenizeHandler:
         engine, tokenizer = self.engine, self.engine.tokenizer
         if req.messages is not None:
             messages = [m.model_dump(exclude_none=True) for m in req.messages]
-            inp = await engine.run_text(chat_to_prompt, tokenizer, messages)
+            options = _chat_options(req)
+            template = engine.chat_template
+            inp = await engine.run_text(
+                chat_to_prompt, tokenizer, messages, None, template, options
+            )
             prompt: str | list[int] = inp.prompt  # tokenized as a chat completion's prompt is
             if req.add_special_tokens is not None:
                 flag = req.add_special_tokens
