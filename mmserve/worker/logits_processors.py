@@ -1,7 +1,8 @@
 """Batched logits processing with vLLM's semantics: min_tokens, logit_bias, penalties, min_p.
 
 Every function takes the [R, vocab] float logits of the rows that need it and edits them in
-place with whole-batch tensor ops (one scatter / index_put per concept, no per-token loops).
+place with whole-batch tensor ops (gathers / index_put over (row, token) pairs, no per-token
+Python loops).
 """
 
 from __future__ import annotations
@@ -32,14 +33,6 @@ def _row_scatter_index(seqs: list[list[int]], device: torch.device) -> tuple[tor
     rows = torch.repeat_interleave(torch.arange(len(seqs)), lengths).to(device)
     tokens = torch.tensor(list(itertools.chain.from_iterable(seqs)), dtype=torch.long)
     return rows, tokens.to(device)
-
-
-def token_counts(seqs: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[R, vocab] int32: how often each token occurs in each row's sequence."""
-    counts = torch.zeros(len(seqs), vocab_size, dtype=torch.int32, device=device)
-    rows, tokens = _row_scatter_index(seqs, device)
-    counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
-    return counts
 
 
 def apply_min_tokens(
@@ -74,20 +67,24 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None
 def apply_penalties(
     logits: torch.Tensor, params: list[SamplingParams], histories: list[TokenHistory]
 ) -> None:
-    """repetition_penalty over prompt + output tokens, presence / frequency over output."""
-    device, vocab = logits.device, logits.shape[-1]
-    rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype, device=device)
+    """repetition_penalty over prompt + output tokens, presence / frequency over output.
+
+    Works on the (row, token) pairs of the histories, O(tokens) rather than O(rows x vocab):
+    a plain put of a value computed from the pre-update logits is idempotent for repeated
+    pairs, and the frequency term accumulates once per occurrence."""
+    device, dtype = logits.device, logits.dtype
+    rep = torch.tensor([p.repetition_penalty for p in params], dtype=dtype, device=device)
     if bool((rep != 1).any()):
-        seen = token_counts([h.token_ids for h in histories], vocab, device) > 0
-        factor = torch.where(seen, rep.unsqueeze(1), torch.ones_like(logits))
-        logits.copy_(torch.where(logits > 0, logits / factor, logits * factor))
-    freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype, device=device)
-    pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype, device=device)
+        rows, tokens = _row_scatter_index([h.token_ids for h in histories], device)
+        seen, factor = logits[rows, tokens], rep[rows]
+        logits[rows, tokens] = torch.where(seen > 0, seen / factor, seen * factor)
+    freq = torch.tensor([p.frequency_penalty for p in params], dtype=dtype, device=device)
+    pres = torch.tensor([p.presence_penalty for p in params], dtype=dtype, device=device)
     if bool((freq != 0).any() or (pres != 0).any()):
         outputs = [h.token_ids[h.num_prompt_tokens :] for h in histories]
-        counts = token_counts(outputs, vocab, device).to(logits.dtype)
-        logits -= freq.unsqueeze(1) * counts
-        logits -= pres.unsqueeze(1) * (counts > 0).to(logits.dtype)
+        rows, tokens = _row_scatter_index(outputs, device)
+        logits.index_put_((rows, tokens), -freq[rows], accumulate=True)
+        logits[rows, tokens] = logits[rows, tokens] - pres[rows]
 
 
 def apply_min_p(scores: torch.Tensor, min_p: float) -> torch.Tensor:
