@@ -45,7 +45,7 @@ REFUSED_CASES = [
     ("chat", "guided_choice", ["a", "b"]),
     ("chat", "prompt_logprobs", 1),
     ("chat", "mm_processor_kwargs", {"max_pixels": 1000}),
-    ("chat", "no_such_field", 1),
+    ("chat", "chat_template_kwargs", {"enable_thinking": True}),
     ("completion", "echo", True),
     ("completion", "suffix", "end"),
     ("completion", "best_of", 3),

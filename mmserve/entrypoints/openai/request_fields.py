@@ -4,14 +4,18 @@ refuses: the one place that decides, so that no field is ever silently ignored.
 A field is either declared on the request model in ``protocol.py`` (implemented) or listed in
 ``REFUSED`` with the values that mean "feature off" (clients such as LangChain send
 ``"logprobs": false`` or ``"echo": false`` on every request; those pass). Any other value of a
-refused field, and any field in neither place, is a 400 whose ``param`` names the field.
+refused field is a 400 whose ``param`` names the field. Names that are in neither place (not
+part of vLLM's or OpenAI's protocol) are ignored with a log warning, as vLLM does.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel
+
+logger = logging.getLogger(__name__)
 
 _OFF: tuple[Any, ...] = (None,)
 _FALSE: tuple[Any, ...] = (None, False)
@@ -95,7 +99,9 @@ def unsupported_fields(req: BaseModel, refused: dict[str, tuple[Any, ...]]) -> l
         if name in SAME_AS_N:
             if value is not None and value != n:
                 bad.append(name)
-        elif name not in refused or not _is_off(value, refused[name]):
+        elif name not in refused:
+            logger.warning("ignoring the unknown request field %r", name[:64])
+        elif not _is_off(value, refused[name]):
             bad.append(name)
     stream_options = getattr(req, "stream_options", None)
     if stream_options is not None and stream_options.continuous_usage_stats:
