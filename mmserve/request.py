@@ -6,7 +6,7 @@ import enum
 import time
 
 from mmserve.inputs import MultiModalItem
-from mmserve.sampling_params import SamplingParams
+from mmserve.sampling_params import SamplingParams, TokenLogprobs
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +49,7 @@ class Request:
         self.max_model_len = max_model_len
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.output_logprobs: list[TokenLogprobs] = []  # one per output token if asked for
         self.num_computed_tokens = 0
         self.max_num_computed_tokens = 0  # high-water mark, for ProgressMonitor
         self.num_cached_tokens = 0
@@ -70,9 +71,11 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def append_output_token(self, token_id: int) -> None:
+    def append_output_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
@@ -80,9 +83,10 @@ class Request:
         """Finished status implied by the last generated token, or None to keep going."""
         params = self.sampling_params
         last = self.output_token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
+        below_min = len(self.output_token_ids) < params.min_tokens  # EOS / stop ids masked
+        if not below_min and not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if last in params.stop_token_ids:
+        if not below_min and last in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if params.max_tokens is not None and len(self.output_token_ids) >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH

@@ -6,26 +6,49 @@ import math
 from dataclasses import dataclass, field
 
 GREEDY_EPS = 1e-5  # temperatures below this sample greedily (their softmax over/underflows)
+MAX_LOGPROBS = 20  # the most top alternatives a request may ask for (OpenAI's and vLLM's cap)
+LOGIT_BIAS_LIMIT = 100.0  # biases are clamped to [-100, 100], as OpenAI and vLLM do
 
 
 @dataclass
 class SamplingParams:
-    """How to pick tokens and when to stop. ``temperature == 0`` means greedy."""
+    """How to pick tokens and when to stop. ``temperature == 0`` means greedy.
+
+    Penalties follow vLLM: ``repetition_penalty`` (HF style: positive logits divided, negative
+    multiplied) counts prompt and output tokens, ``presence_penalty`` / ``frequency_penalty``
+    (OpenAI style, subtracted) count output tokens only. ``min_tokens`` masks EOS and
+    ``stop_token_ids`` (and defers stop strings) until that many tokens are generated.
+    ``logprobs``: how many top alternatives to return per generated token (0 = only the sampled
+    token's), ``prompt_logprobs`` the same per prompt token; both are log-softmax of the raw
+    model logits (vLLM's default ``raw_logprobs`` mode), before penalties and temperature.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     max_tokens: int | None = None  # None: the room left in the context (see generation_defaults)
+    min_tokens: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = {
+            int(token): max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
+            for token, bias in (self.logit_bias or {}).items()
+        }
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
@@ -34,11 +57,65 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0 or (
+            self.max_tokens is not None and self.min_tokens > self.max_tokens
+        ):
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not (math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
         if any(not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty, got {self.stop!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS or self.top_k == 1
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """True when the sampler must touch this row's logits beyond temperature/top-k/top-p;
+        a batch where no row does takes the plain (fast) path."""
+        return bool(self.uses_penalties or self.logit_bias or self.min_tokens or self.min_p)
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """ValueError naming the field when a token id is outside the model's vocabulary."""
+        for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
+            bad = sorted(t for t in ids if not 0 <= t < vocab_size)
+            if bad:
+                raise ValueError(
+                    f"{name} has token id(s) {bad[:5]} outside the vocabulary (size {vocab_size})"
+                )
+
+
+@dataclass
+class TokenLogprobs:
+    """One generated token's log-probability, its rank (1 = most likely) and the top
+    alternatives as (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]] = field(default_factory=list)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mmserve.inputs import MultiModalItem
-from mmserve.sampling_params import SamplingParams
+from mmserve.sampling_params import SamplingParams, TokenLogprobs
 
 
 @dataclass
@@ -21,6 +21,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    num_prompt_tokens: int | None = None  # None: every token is prompt
 
 
 @dataclass
@@ -61,5 +62,7 @@ class SchedulerOutput:
 class ModelRunnerOutput:
     # req_id -> sampled token, only for requests whose chunk reached the end of their tokens.
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    # req_id -> logprobs of its sampled token, for requests with ``SamplingParams.logprobs``.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     encoder_seconds: float = 0.0
     num_images_encoded: int = 0

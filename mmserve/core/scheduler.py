@@ -280,6 +280,7 @@ class Scheduler:
                     sampling_params=request.sampling_params,
                     block_ids=self.kv.block_ids(request.req_id),
                     num_computed_tokens=request.num_computed_tokens,
+                    num_prompt_tokens=request.num_prompt_tokens,
                 )
             )
         out.num_scheduled_tokens[request.req_id] = plan.num_new_tokens
@@ -326,7 +327,7 @@ class Scheduler:
             token = result.sampled_token_ids.get(req_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end
-            request.append_output_token(token)
+            request.append_output_token(token, result.logprobs.get(req_id))
             self.kv.update_block_hashes(request)
             self.counters["generation_tokens"] += 1
             status = request.check_stop()

@@ -86,6 +86,9 @@ class LLMEngine:
             media_policy or MediaFetchPolicy(allowed_local_path=allowed_local_path),
         )
         self.model = load_model(mc, self.device)
+        with torch.inference_mode():  # the logits width, which token ids in requests must fit
+            probe = torch.zeros(1, mc.hidden_size, dtype=torch_dtype(mc.dtype), device=self.device)
+            self.vocab_size = int(self.model.compute_logits(probe).shape[-1])
         self.encoder_budget, _ = compute_encoder_budget(mc, sc)
         capacity = encoder_cache_capacity(mc, sc, cc)
         num_blocks = self._num_kv_blocks()
@@ -122,7 +125,14 @@ class LLMEngine:
         backend = select_attention_backend(
             config.attention_backend, self.device, torch_dtype(mc.dtype), self.model.head_dim
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device, config.seed, backend)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_cache,
+            self.device,
+            config.seed,
+            backend,
+            frozenset(mc.eos_token_ids),
+        )
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
         self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
         self.dead: BaseException | None = None
@@ -212,6 +222,7 @@ class LLMEngine:
         prompt_text: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
+        params.check_token_ids(self.vocab_size)
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.max_tokens is None:
             room = default_max_tokens(

@@ -89,6 +89,9 @@ class OutputProcessor:
                     text,
                     list(request.output_token_ids),
                     request.status.value if finished else None,
+                    None
+                    if request.sampling_params.logprobs is None
+                    else list(request.output_logprobs),
                 )
             ],
             finished=finished,

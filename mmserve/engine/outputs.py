@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mmserve.sampling_params import TokenLogprobs
+
 
 @dataclass
 class CompletionOutput:
@@ -11,6 +13,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None: running
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, if the request asked
 
 
 @dataclass

@@ -14,6 +14,7 @@ from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.encoder_runner import EncoderRunner
+from mmserve.worker.logits_processors import TokenHistory
 from mmserve.worker.sampler import sample
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class RequestState:
     generator: torch.Generator | None
     # M-RoPE models only: [3, n] positions of the tokens known at admission + decode offset.
     mrope: MRopePositions | None = None
+    num_prompt_tokens: int = 0
 
 
 @dataclass
@@ -65,6 +67,7 @@ class ModelRunner:
         device: torch.device,
         seed: int,
         attention_backend: str = "torch",
+        eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -76,6 +79,7 @@ class ModelRunner:
         self._parked_generators: dict[str, torch.Generator] = {}
         self.uses_mrope = model.uses_mrope
         self.attention_backend = attention_backend
+        self.eos_token_ids = eos_token_ids  # masked by min_tokens
 
     def _add_request(self, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -93,6 +97,7 @@ class ModelRunner:
             self.model.mrope_positions(len(new.token_ids), new.mm_items)
             if self.uses_mrope
             else None,
+            len(new.token_ids) if new.num_prompt_tokens is None else new.num_prompt_tokens,
         )
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -160,13 +165,30 @@ class ModelRunner:
             hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta)
             logits = self.model.compute_logits(hidden[batch.sample_idx])
             states = [self.states[r] for r in batch.sample_req_ids]
-            tokens = sample(logits, [s.params for s in states], [s.generator for s in states])
+            params = [s.params for s in states]
+            histories = None
+            if any(p.needs_logits_processing for p in params):
+                histories = [TokenHistory(s.token_ids, s.num_prompt_tokens) for s in states]
+            sampled = sample(
+                logits, params, [s.generator for s in states], histories, self.eos_token_ids
+            )
+        tokens = sampled.token_ids
         for req_id, n in sched.num_scheduled_tokens.items():
             self.states[req_id].num_computed_tokens += n
         for state, token in zip(states, tokens, strict=True):
             state.token_ids.append(token)
+        logprobs = (
+            {}
+            if not sampled.logprobs
+            else {
+                req_id: lp
+                for req_id, lp in zip(batch.sample_req_ids, sampled.logprobs, strict=True)
+                if lp is not None
+            }
+        )
         return ModelRunnerOutput(
             sampled_token_ids=dict(zip(batch.sample_req_ids, tokens, strict=True)),
+            logprobs=logprobs,
             encoder_seconds=self.encoder.encoder_seconds - seconds,
             num_images_encoded=self.encoder.num_images_encoded - images,
         )

@@ -1,8 +1,10 @@
 """Pydantic models of the OpenAI-compatible API (the subset mmserve serves).
 
-Requests ignore unknown fields (like OpenAI's SDK extras); fields whose semantics mmserve
-does not implement are rejected with 400 by ``unsupported_fields`` instead of being ignored.
-vLLM extensions accepted: ``top_k`` (-1 or 0 disables), ``ignore_eos``, per-part ``uuid``,
+Only implemented fields are declared here; anything else a request carries lands in
+``model_extra`` and ``request_fields.unsupported_fields`` answers it with a 400 naming it (vLLM
+fields mmserve does not implement are accepted only at their neutral values), so nothing is
+silently ignored. vLLM extensions implemented: ``top_k`` (-1 or 0 disables), ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, per-part ``uuid``,
 ``cache_salt`` (scopes prefix- and encoder-cache hits to requests with the same salt).
 """
 
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # undeclared fields are refused, not ignored
 
 
 class ImageURL(BaseModel):
@@ -45,6 +47,7 @@ class ChatMessage(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM extension, refused when true
 
 
 class _SamplingFields(_Request):
@@ -60,25 +63,31 @@ class _SamplingFields(_Request):
     ignore_eos: bool = False
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     max_tokens: int | None = None
-    # accepted only at their neutral values (see unsupported_fields)
+    min_tokens: int = 0
+    min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    user: str | None = None
+    stop_token_ids: list[int] | None = None
+    user: str | None = None  # OpenAI's end-user id: informational, no effect on generation
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     # vLLM's chat-template fields (see entrypoints.chat_utils.ChatOptions)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives per token, or None for no logprobs (``top_logprobs`` needs
+        ``logprobs: true``, as with OpenAI)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -90,43 +99,15 @@ class ChatCompletionRequest(_SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    logprobs: int | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
-
-def unsupported_fields(req: _SamplingFields) -> list[str]:
-    """Names of fields set to something mmserve cannot honour (-> 400)."""
-    bad = []
-    if req.presence_penalty:
-        bad.append("presence_penalty")
-    if req.frequency_penalty:
-        bad.append("frequency_penalty")
-    if req.logit_bias:
-        bad.append("logit_bias")
-    if req.logprobs not in (None, False, 0):
-        bad.append("logprobs")
-    if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs:
-            bad.append("top_logprobs")
-        if req.tools:
-            bad.append("tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            bad.append("tool_choice")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            bad.append("response_format")
-    if isinstance(req, CompletionRequest):
-        if req.echo:
-            bad.append("echo")
-        if req.suffix:
-            bad.append("suffix")
-        if req.best_of not in (None, 1):
-            bad.append("best_of")
-    return bad
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 # ---- responses (chat / completion bodies are built as dicts in ``serving``) --------------------

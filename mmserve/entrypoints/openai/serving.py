@@ -32,11 +32,16 @@ from mmserve.engine.generation_defaults import (
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.entrypoints.openai.errors import APIError, error_body, to_api_error
+from mmserve.entrypoints.openai.logprobs_format import LogprobsFormatter
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     Usage,
     make_usage,
+)
+from mmserve.entrypoints.openai.request_fields import (
+    REFUSED_CHAT,
+    REFUSED_COMPLETION,
     unsupported_fields,
 )
 from mmserve.entrypoints.openai.streaming import (
@@ -50,7 +55,22 @@ from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 
 AnyRequest = ChatCompletionRequest | CompletionRequest
-_SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed"}
+_SAMPLING = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+}
 
 
 def usage_of(out: RequestOutput) -> Usage:
@@ -83,6 +103,17 @@ def chat_options(req: ChatCompletionRequest) -> ChatOptions:
     except ValueError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else None
         raise APIError(400, str(exc), param=param or "continue_final_message") from None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI sends token ids as JSON object keys (strings)."""
+    out = {}
+    for key, value in (bias or {}).items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+    return out
 
 
 def _stops(req: AnyRequest) -> list[str]:
@@ -153,13 +184,25 @@ class OpenAIServing:
         """Validate the sampling fields now; size max_tokens once the prompt length is known."""
         if req.n != 1:
             raise APIError(400, f"only n=1 is supported, got n={req.n}", param="n")
-        bad = unsupported_fields(req)
+        refused = REFUSED_CHAT if isinstance(req, ChatCompletionRequest) else REFUSED_COMPLETION
+        bad = unsupported_fields(req, refused)
         if bad:
-            raise APIError(400, f"unsupported field(s): {', '.join(bad)}", param=bad[0])
+            raise APIError(
+                400, f"mmserve does not support the field(s): {', '.join(bad)}", param=bad[0]
+            )
+        if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         requested = req.requested_max_tokens
         defaults = self.engine.generation_defaults
         sampled = merge_defaults(
-            {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}, defaults
+            {
+                "temperature": req.temperature,
+                "top_p": req.top_p,
+                "top_k": req.top_k,
+                "min_p": req.min_p,
+                "repetition_penalty": req.repetition_penalty,
+            },
+            defaults,
         )
         if sampled.get("top_k") == -1:
             sampled["top_k"] = 0
@@ -168,13 +211,22 @@ class OpenAIServing:
                 {
                     **sampled,
                     "max_tokens": requested,
+                    "min_tokens": req.min_tokens,
                     "seed": req.seed,
                     "stop": _stops(req),
+                    "stop_token_ids": req.stop_token_ids or [],
                     "ignore_eos": req.ignore_eos,
+                    "presence_penalty": req.presence_penalty or 0.0,
+                    "frequency_penalty": req.frequency_penalty or 0.0,
+                    "logit_bias": _logit_bias(req.logit_bias),
+                    "logprobs": req.num_logprobs,
                 }
             )
+            base.check_token_ids(self.engine.engine.vocab_size)
         except ValueError as exc:  # messages start with the field name ("top_p must be ...")
             field = str(exc).split(" ", 1)[0]
+            if field == "logprobs" and isinstance(req, ChatCompletionRequest):
+                field = "top_logprobs"
             raise APIError(400, str(exc), param=field if field in _SAMPLING else None) from None
         max_len = self.engine.max_model_len
 
@@ -219,6 +271,9 @@ class OpenAIServing:
     def _full_response(self, kind: str, rid: str, out: RequestOutput) -> dict[str, Any]:
         comp = out.outputs[0]
         choice: dict[str, Any] = {"index": 0, "finish_reason": comp.finish_reason, "logprobs": None}
+        if comp.logprobs is not None:
+            fmt = LogprobsFormatter(self.engine.tokenizer, kind)
+            choice["logprobs"] = fmt.format(comp.logprobs, 0)
         if kind == "chat":
             choice["message"] = {"role": "assistant", "content": comp.text}
         else:
@@ -254,13 +309,17 @@ class OpenAIServing:
                 body["usage"] = usage.model_dump() if usage is not None else None
             return sse(body)
 
-        def choice(text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
+        fmt = LogprobsFormatter(self.engine.tokenizer, kind)
+
+        def choice(
+            text: str, finish: str | None, role: bool = False, logprobs: Any = None
+        ) -> dict[str, Any]:
             if kind != "chat":
-                return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+                return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text or role:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
         tracker = DeltaTracker(_stops(req))
         try:
@@ -271,7 +330,9 @@ class OpenAIServing:
                 comp = out.outputs[0]
                 text = tracker.delta(comp.text, out.finished)
                 if text or out.finished:
-                    yield chunk([choice(text, comp.finish_reason if out.finished else None)])
+                    finish = comp.finish_reason if out.finished else None
+                    logprobs = fmt.next_delta(comp.logprobs)
+                    yield chunk([choice(text, finish, logprobs=logprobs)])
                 if out.finished:
                     if include_usage:
                         yield chunk([], usage_of(out))
