@@ -2,8 +2,8 @@
 
 LLaVA uses its own ``AutoProcessor`` (CLIP PIL image processor). Qwen2-VL's and Qwen2.5-VL's
 ``AutoProcessor`` need torchvision (their video processor), so their inputs are built like the
-parity tests do: ``Qwen2VLImageProcessorPil`` + tokenizer, one ``<|image_pad|>`` per merged patch, and
-``mm_token_type_ids`` (1 at image-pad tokens) for the M-RoPE positions.
+parity tests do: ``Qwen2VLImageProcessorPil`` + tokenizer, one ``<|image_pad|>`` per merged
+patch, and ``mm_token_type_ids`` (1 at image-pad tokens) for the M-RoPE positions.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class Qwen2_5_VLPresetSpec(Qwen2VLPresetSpec):
 
 
 QWEN2_5_VL_PRESETS: dict[str, Qwen2_5_VLPresetSpec] = {
-    # ~1M params, for CI: 3 vision layers (window, full, window); 4 x 4 merged-patch windows,
+    # ~0.9M params, for CI: 3 vision layers (window, full, window); 4 x 4 merged-patch windows,
     # so most images have partial windows on their right and bottom edges.
     "tiny-qwen2.5-vl": Qwen2_5_VLPresetSpec(
         patch_size=14,
