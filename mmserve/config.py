@@ -32,6 +32,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     max_tokens_per_image: int = 0  # largest embedding count one image can produce
     processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # resolved text (None: the checkpoint has none)
+    chat_template_source: str = "none"  # where it came from, for the start-up log
+    generation_defaults: dict[str, Any] = field(default_factory=dict)  # field -> default
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

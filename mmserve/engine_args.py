@@ -77,8 +77,19 @@ class EngineArgs:
     )
     max_model_len: int | None = _arg(None, "context length (default: from the model config)")
     processor_kwargs: dict[str, Any] | None = _arg(
-        None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'",
-        type=parse_json_object,
+        None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'"
+        " (vLLM's --mm-processor-kwargs)",
+        type=parse_json_object, aliases=("--mm-processor-kwargs",),
+    )  # fmt: skip
+    chat_template: str | None = _arg(
+        None, "chat template file or template text (default: the checkpoint's chat_template.jinja,"
+        " chat_template.json, tokenizer or processor config)",
+        metavar="PATH|TEMPLATE",
+    )  # fmt: skip
+    generation_config: str = _arg(
+        "auto", "sampling defaults: 'auto' (the checkpoint's generation_config.json), 'vllm'"
+        " (ignore it) or a directory holding a generation_config.json",
+        metavar="auto|vllm|DIR",
     )  # fmt: skip
     block_size: int = _arg(16, "tokens per KV cache block")
     num_kv_blocks: int | None = _arg(
@@ -129,7 +140,8 @@ class EngineArgs:
                 )
                 continue
             kind = meta.pop("type", int if "int" in str(f.type) else str)
-            parser.add_argument(flag, type=kind, default=default, help=text, **meta)
+            aliases = meta.pop("aliases", ())
+            parser.add_argument(flag, *aliases, type=kind, default=default, help=text, **meta)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
@@ -144,6 +156,8 @@ class EngineArgs:
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineArgs:
         """``EngineArgs(model, **kwargs)`` with a ValueError naming unknown settings."""
         known = {f.name for f in fields(cls)}
+        if "mm_processor_kwargs" in kwargs:  # vLLM's name for processor_kwargs
+            kwargs["processor_kwargs"] = kwargs.pop("mm_processor_kwargs")
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown engine argument(s) {unknown}; known: {sorted(known)}")

@@ -84,7 +84,7 @@ class Request:
             return RequestStatus.FINISHED_STOPPED
         if last in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if len(self.output_token_ids) >= params.max_tokens:
+        if params.max_tokens is not None and len(self.output_token_ids) >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         if self.max_model_len is not None and self.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH

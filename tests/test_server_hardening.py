@@ -362,9 +362,9 @@ def test_chat_template_runs_off_the_event_loop(
 ) -> None:
     real = serving._render
 
-    def slow_render(tokenizer: Any, conv: Any) -> str:
+    def slow_render(*args: Any) -> Any:
         time.sleep(1.5)
-        return real(tokenizer, conv)
+        return real(*args)
 
     monkeypatch.setattr(serving, "_render", slow_render)
     result: list[int] = []

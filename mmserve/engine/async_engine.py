@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmserve.engine.admission import Admission, AdmissionExecutors
+from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
@@ -163,6 +164,14 @@ class AsyncLLMEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self.engine.chat_template
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        return self.engine.generation_defaults
+
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
@@ -265,7 +274,15 @@ class AsyncLLMEngine:
                 raise
             stream = _Stream(asyncio.get_running_loop())
             text = prompt if isinstance(prompt, str) else None
-            self._submit(_Add(request_id, processed, params or SamplingParams(), text, stream))
+            self._submit(
+                _Add(
+                    request_id,
+                    processed,
+                    params or self.engine.default_sampling_params(),
+                    text,
+                    stream,
+                )
+            )
             while stream is not None:
                 out = await stream.get()
                 timer.on_output(len(out.outputs[0].token_ids))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,9 +15,15 @@ from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
 from mmserve.core.progress import ProgressMonitor
 from mmserve.core.scheduler import Scheduler
+from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.engine_metrics import read_engine_metrics
 from mmserve.engine.errors import EngineDeadError
+from mmserve.engine.generation_defaults import (
+    build_sampling_params,
+    default_max_tokens,
+    describe_defaults,
+)
 from mmserve.engine.loading import (
     create_engine_config,
     load_image_processor,
@@ -37,6 +45,8 @@ from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.worker.model_runner import ModelRunner
 
+logger = logging.getLogger(__name__)
+
 
 class LLMEngine:
     """One model, one scheduler, one runner; not thread-safe (the async engine serializes)."""
@@ -57,6 +67,16 @@ class LLMEngine:
         self.device = torch.device(device)
         self.tokenizer = load_tokenizer(mc.path)
         self.detokenizer = Detokenizer(self.tokenizer)
+        self.chat_template = ChatTemplate.of(
+            mc.chat_template, mc.chat_template_source, getattr(mc.hf_config, "model_type", None)
+        )
+        self.generation_defaults = dict(mc.generation_defaults)
+        logger.info(
+            "chat template: %s (content format %s)",
+            self.chat_template.source,
+            self.chat_template.content_format,
+        )
+        logger.info(describe_defaults(self.generation_defaults, mc.path.name))
         image_processor = load_image_processor(mc.path, mc.processor_kwargs)
         self.processor = InputProcessor(
             mc,
@@ -193,6 +213,13 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> str:
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if params.max_tokens is None:
+            room = default_max_tokens(
+                self.max_model_len,
+                len(processed.prompt_token_ids),
+                self.generation_defaults.get("max_tokens"),
+            )
+            params = dataclasses.replace(params, max_tokens=room)
         request = Request(
             req_id,
             processed.prompt_token_ids,
@@ -206,6 +233,11 @@ class LLMEngine:
         self.outputs.add(req_id, prompt_text)
         self.num_prompt_tokens += request.num_prompt_tokens
         return req_id
+
+    def default_sampling_params(self) -> SamplingParams:
+        """The generation config's defaults (``max_tokens`` unset: sized per prompt)."""
+        values = {k: v for k, v in self.generation_defaults.items() if k != "max_tokens"}
+        return build_sampling_params(values)
 
     def add_request(
         self,

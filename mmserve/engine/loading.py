@@ -11,6 +11,8 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer
 
 from mmserve.config import EngineConfig, ModelConfig
+from mmserve.engine.chat_template import find_chat_template
+from mmserve.engine.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.registry import resolve_architecture
@@ -28,7 +30,11 @@ def build_model_config(
     dtype: str = "float32",
     max_model_len: int | None = None,
     processor_kwargs: dict[str, Any] | None = None,
+    chat_template: str | None = None,
+    generation_config: str = "auto",
 ) -> ModelConfig:
+    """``chat_template`` / ``generation_config``: the ``--chat-template`` and
+    ``--generation-config`` settings, resolved here (a bad path fails at start-up)."""
     path = resolve_model_path(model)
     hf_config = AutoConfig.from_pretrained(path)
     arch, model_cls = resolve_architecture(hf_config)
@@ -38,6 +44,7 @@ def build_model_config(
         raise ValueError(f"max_model_len must be in [2, {limit}], got {max_model_len}")
     eos = _eos_token_ids(path, text)
     kwargs = dict(processor_kwargs or {})
+    template, template_source = find_chat_template(path, chat_template)
     return ModelConfig(
         model=model,
         path=path,
@@ -50,13 +57,21 @@ def build_model_config(
         eos_token_ids=eos,
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
         processor_kwargs=kwargs,
+        chat_template=template,
+        chat_template_source=template_source,
+        generation_defaults=load_generation_defaults(generation_config, path),
     )
 
 
 def create_engine_config(args: EngineArgs) -> EngineConfig:
     """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights)."""
     model_config = build_model_config(
-        args.model, args.dtype, args.max_model_len, args.processor_kwargs
+        args.model,
+        args.dtype,
+        args.max_model_len,
+        args.processor_kwargs,
+        args.chat_template,
+        args.generation_config,
     )
     return EngineConfig(
         model_config,

@@ -1,10 +1,64 @@
-"""OpenAI-style chat messages -> ``PromptInput`` (text via the chat template, images, uuids)."""
+"""OpenAI-style chat messages -> ``PromptInput`` (text via the chat template, images, uuids).
+
+Message content is normalized to the shape the template reads (vLLM's content format, see
+``engine.chat_content_format``): a template that loops over the parts gets a list of parts
+(plain-string content becomes one text part), a template that reads the content as text gets a
+string (text parts joined by newlines, one image placeholder per image put in front where the
+text does not already hold it).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from mmserve.engine.chat_template import ChatTemplate
 from mmserve.inputs import PromptInput
+
+# apply_chat_template's own parameters: a chat_template_kwargs entry may not replace them
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "add_generation_prompt",
+        "chat_template",
+        "continue_final_message",
+        "conversation",
+        "documents",
+        "messages",
+        "max_length",
+        "padding",
+        "return_assistant_tokens_mask",
+        "return_dict",
+        "return_tensors",
+        "sanitize_control_tokens",
+        "tokenize",
+        "tokenizer_kwargs",
+        "tools",
+        "truncation",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How one conversation is rendered: vLLM's ``add_generation_prompt`` (default True),
+    ``continue_final_message`` (continue the last message instead of starting a new one) and
+    ``chat_template_kwargs`` (extra template variables, e.g. ``{"add_vision_id": true}``)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        bad = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs))
+        if bad:
+            raise ValueError(
+                f"chat_template_kwargs may not set {', '.join(bad)} (use the request field of"
+                " that name where there is one)"
+            )
 
 
 def parse_chat_messages(
@@ -13,7 +67,8 @@ def parse_chat_messages(
     """Split content parts into template-ready messages plus the images in prompt order.
 
     Accepted parts: {"type": "text", "text"}, {"type": "image_url", "image_url": {"url"} | url,
-    "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?}.
+    "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?}. String content
+    stays a string; ``name`` is passed to the template.
     """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
@@ -23,9 +78,10 @@ def parse_chat_messages(
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg:
             raise ValueError(f"messages[{i}] must be an object with a 'role'")
+        extra = {"name": msg["name"]} if msg.get("name") is not None else {}
         content = msg.get("content")
         if content is None or isinstance(content, str):
-            conv.append({"role": msg["role"], "content": content or ""})
+            conv.append({"role": msg["role"], "content": content, **extra})
             continue
         if not isinstance(content, list):
             raise ValueError(f"messages[{i}].content must be a string or a list of parts")
@@ -45,21 +101,67 @@ def parse_chat_messages(
                 parts.append({"type": "image"})
             else:
                 raise ValueError(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
-        conv.append({"role": msg["role"], "content": parts})
+        conv.append({"role": msg["role"], "content": parts, **extra})
     return conv, images, uuids
 
 
+def normalize_content(conv: list[dict[str, Any]], template: ChatTemplate) -> list[dict[str, Any]]:
+    """Each message's content in the shape ``template`` reads (see the module docstring)."""
+    out = []
+    for msg in conv:
+        content = msg["content"]
+        if template.content_format == "openai":
+            if content is None:
+                content = []
+            elif isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            content = _as_text(content, template.image_placeholder)
+        out.append({**msg, "content": content})
+    return out
+
+
+def _as_text(parts: list[dict[str, Any]], placeholder: str | None) -> str:
+    text = "\n".join(p["text"] for p in parts if p["type"] == "text")
+    num_images = sum(p["type"] == "image" for p in parts)
+    if num_images and placeholder is None:
+        raise ValueError(
+            "the chat template reads message content as text and mmserve does not know this"
+            " model's image placeholder; use a template that loops over content parts"
+        )
+    missing = max(0, num_images - text.count(placeholder)) if placeholder else 0
+    return "\n".join([placeholder or ""] * missing + [text])
+
+
+def render_chat(
+    tokenizer: Any,
+    conv: list[dict[str, Any]],
+    template: ChatTemplate | None = None,
+    options: ChatOptions | None = None,
+) -> str:
+    """Parsed messages -> prompt text (``template`` default: the tokenizer's own)."""
+    template = template if template is not None else ChatTemplate.from_tokenizer(tokenizer)
+    options = options or ChatOptions()
+    return template.render(
+        tokenizer,
+        normalize_content(conv, template),
+        add_generation_prompt=options.add_generation_prompt,
+        continue_final_message=options.continue_final_message,
+        template_kwargs=options.chat_template_kwargs,
+    )
+
+
 def chat_to_prompt(
-    tokenizer: Any, messages: list[dict[str, Any]], cache_salt: str | None = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    cache_salt: str | None = None,
+    template: ChatTemplate | None = None,
+    options: ChatOptions | None = None,
 ) -> PromptInput:
     """The one chat -> prompt conversion (offline API, server, benchmarks)."""
     conv, images, uuids = parse_chat_messages(messages)
-    prompt = render_chat(tokenizer, conv)
+    prompt = render_chat(tokenizer, conv, template, options)
     has_uuids = any(u is not None for u in uuids)
     return PromptInput(prompt, images, uuids if has_uuids else None, cache_salt)
-
-
-def render_chat(tokenizer: Any, conv: list[dict[str, Any]]) -> str:
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("the model has no chat template; use generate() with a prompt")
-    return tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)

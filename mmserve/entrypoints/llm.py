@@ -7,9 +7,10 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
+from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.outputs import RequestOutput
-from mmserve.entrypoints.chat_utils import chat_to_prompt
+from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 
@@ -48,13 +49,30 @@ class LLM:
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
+        """One conversation or a list of them, rendered with the engine's chat template (or
+        ``chat_template``, the template text); the other options are vLLM's (``ChatOptions``).
+        ``max_tokens`` unset: the room left in the context."""
         conversations = cast(
             list[list[dict[str, Any]]],
             messages if messages and isinstance(messages[0], list) else [messages],
         )
+        template = self.engine.chat_template
+        if chat_template is not None:
+            model_type = getattr(self.engine.config.model.hf_config, "model_type", None)
+            template = ChatTemplate.of(chat_template, "chat_template", model_type)
+        options = ChatOptions(
+            add_generation_prompt, continue_final_message, dict(chat_template_kwargs or {})
+        )
         tokenizer = self.engine.tokenizer
-        inputs = [chat_to_prompt(tokenizer, conversation) for conversation in conversations]
+        inputs = [
+            chat_to_prompt(tokenizer, conversation, None, template, options)
+            for conversation in conversations
+        ]
         return self._run(inputs, sampling_params, use_tqdm)
 
     def _run(
@@ -64,7 +82,7 @@ class LLM:
         use_tqdm: bool,
     ) -> list[RequestOutput]:
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.engine.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(inputs)
         if len(sampling_params) != len(inputs):

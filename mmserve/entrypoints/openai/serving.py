@@ -1,7 +1,8 @@
 """Request handling of /v1/chat/completions and /v1/completions.
 
-- Sampling fields are validated before any image is loaded; ``max_tokens`` defaults to
-  ``min(DEFAULT_MAX_TOKENS, max_model_len - prompt_tokens)`` once the prompt is processed, and an
+- Sampling fields are validated before any image is loaded; fields a request leaves unset take
+  the generation config's defaults; ``max_tokens`` defaults to the room left in the context
+  (capped by the generation config's ``max_new_tokens``) once the prompt is processed, and an
   explicit ``max_tokens`` that does not fit the context is a 400 (as with OpenAI / vLLM).
 - Non-streaming requests and the wait for a stream's first output race against the client's
   ``http.disconnect``: a client that goes away aborts its request. Open streams are cancelled by
@@ -22,8 +23,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.chat_template import ChatTemplate
+from mmserve.engine.generation_defaults import (
+    build_sampling_params,
+    default_max_tokens,
+    merge_defaults,
+)
 from mmserve.engine.outputs import RequestOutput
-from mmserve.entrypoints.chat_utils import chat_to_prompt
+from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.entrypoints.openai.errors import APIError, error_body, to_api_error
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -42,7 +49,6 @@ from mmserve.entrypoints.openai.streaming import (
 from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 
-DEFAULT_MAX_TOKENS = 256
 AnyRequest = ChatCompletionRequest | CompletionRequest
 _SAMPLING = {"temperature", "top_p", "top_k", "max_tokens", "stop", "seed"}
 
@@ -53,15 +59,30 @@ def usage_of(out: RequestOutput) -> Usage:
     )
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]]) -> PromptInput:
+def _render(
+    tokenizer: Any, messages: list[dict[str, Any]], template: ChatTemplate, options: ChatOptions
+) -> PromptInput:
     """Messages -> prompt via the chat template (run in the text pool); template errors are
     400s."""
     try:
-        return chat_to_prompt(tokenizer, messages)
+        return chat_to_prompt(tokenizer, messages, None, template, options)
     except ValueError:
         raise
     except Exception as exc:  # jinja errors raised by the template on odd conversations
         raise APIError(400, f"the chat template failed: {exc}", param="messages") from None
+
+
+def chat_options(req: ChatCompletionRequest) -> ChatOptions:
+    """The request's chat-template fields; bad combinations are 400s before any work."""
+    try:
+        return ChatOptions(
+            req.add_generation_prompt,
+            req.continue_final_message,
+            dict(req.chat_template_kwargs or {}),
+        )
+    except ValueError as exc:
+        param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else None
+        raise APIError(400, str(exc), param=param or "continue_final_message") from None
 
 
 def _stops(req: AnyRequest) -> list[str]:
@@ -87,8 +108,12 @@ class OpenAIServing:
         self.engine.check_health()  # draining or dead: 503 before any work
         self.check_model(req.model)
         factory = self.sampling_factory(req)
+        options = chat_options(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        inp = await self.engine.run_text(_render, self.engine.tokenizer, messages)
+        template = self.engine.chat_template
+        inp = await self.engine.run_text(
+            _render, self.engine.tokenizer, messages, template, options
+        )
         rid = uuid.uuid4().hex
         gen = self.engine.generate(inp.prompt, inp.images, inp.uuids, factory, rid, req.cache_salt)
         return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}")
@@ -132,15 +157,21 @@ class OpenAIServing:
         if bad:
             raise APIError(400, f"unsupported field(s): {', '.join(bad)}", param=bad[0])
         requested = req.requested_max_tokens
+        defaults = self.engine.generation_defaults
+        sampled = merge_defaults(
+            {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}, defaults
+        )
+        if sampled.get("top_k") == -1:
+            sampled["top_k"] = 0
         try:
-            base = SamplingParams(
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=0 if req.top_k in (None, -1) else req.top_k,
-                max_tokens=1 if requested is None else requested,
-                seed=req.seed,
-                stop=_stops(req),
-                ignore_eos=req.ignore_eos,
+            base = build_sampling_params(
+                {
+                    **sampled,
+                    "max_tokens": requested,
+                    "seed": req.seed,
+                    "stop": _stops(req),
+                    "ignore_eos": req.ignore_eos,
+                }
             )
         except ValueError as exc:  # messages start with the field name ("top_p must be ...")
             field = str(exc).split(" ", 1)[0]
@@ -150,7 +181,9 @@ class OpenAIServing:
         def factory(num_prompt_tokens: int) -> SamplingParams:
             room = max_len - num_prompt_tokens
             if requested is None:
-                return dataclasses.replace(base, max_tokens=max(1, min(DEFAULT_MAX_TOKENS, room)))
+                cap = defaults.get("max_tokens")
+                room = default_max_tokens(max_len, num_prompt_tokens, cap)
+                return dataclasses.replace(base, max_tokens=room)
             if requested > room:
                 raise ValueError(
                     f"This model's maximum context length is {max_len} tokens. However, you"

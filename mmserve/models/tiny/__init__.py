@@ -1,7 +1,8 @@
 """Built-in tiny random-weight LLaVA and Qwen2-VL checkpoints ("presets"), built locally with no
 hub access."""
 
-from .cache import default_cache_dir, resolve_model_path
+from .cache import default_cache_dir, ensure_layout, resolve_model_path
+from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES
 from .presets import (
     BUILD_VERSION,
     PRESET_NAMES,
@@ -25,6 +26,8 @@ from .tokenizer import (
 __all__ = [
     "BUILD_VERSION",
     "CHAT_TEMPLATE",
+    "HUB_LAYOUTS",
+    "LAYOUT_NAMES",
     "PRESETS",
     "PRESET_NAMES",
     "SPECIAL_TOKEN_IDS",
@@ -38,6 +41,7 @@ __all__ = [
     "build_tokenizer",
     "count_parameters",
     "default_cache_dir",
+    "ensure_layout",
     "make_config",
     "resolve_model_path",
 ]

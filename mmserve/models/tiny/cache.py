@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES, LAYOUT_VERSION
 from .presets import BUILD_VERSION, PRESET_NAMES, build_preset
 
 CACHE_ENV = "MMSERVE_CACHE_DIR"
@@ -29,19 +31,33 @@ def _is_checkpoint(path: Path) -> bool:
 
 
 def ensure_preset(name: str, cache_dir: Path | None = None) -> Path:
-    """Return the cached build of preset ``name``, building it atomically if missing.
+    """Return the cached build of preset ``name``, building it atomically if missing."""
+    return _ensure_built(preset_cache_path(name, cache_dir), lambda tmp: build_preset(name, tmp))
 
-    The build goes into a temporary sibling directory that is then renamed into place, so
-    readers never see a partial checkpoint; if a concurrent builder renamed its copy first,
-    ours is discarded and theirs is used.
-    """
-    target = preset_cache_path(name, cache_dir)
+
+def ensure_layout(name: str, cache_dir: Path | None = None) -> Path:
+    """Return the cached copy of hub layout ``name`` (its preset's files, rearranged)."""
+    base, edit = HUB_LAYOUTS[name]
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    target = root / "models" / f"{name}-v{BUILD_VERSION}.{LAYOUT_VERSION}"
+
+    def build(tmp: Path) -> None:
+        shutil.copytree(ensure_preset(base, cache_dir), tmp, dirs_exist_ok=True)
+        edit(tmp)
+
+    return _ensure_built(target, build)
+
+
+def _ensure_built(target: Path, build: Callable[[Path], object]) -> Path:
+    """Build into a temporary sibling directory that is then renamed into place, so readers
+    never see a partial checkpoint; if a concurrent builder renamed its copy first, ours is
+    discarded and theirs is used."""
     if _is_checkpoint(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        build_preset(name, tmp)
+        build(tmp)
         try:
             os.replace(tmp, target)  # atomic; fails if another builder's target is non-empty
         except OSError:
@@ -60,10 +76,13 @@ def resolve_model_path(name_or_path: str) -> Path:
     """
     if name_or_path in PRESET_NAMES:
         return ensure_preset(name_or_path)
+    if name_or_path in LAYOUT_NAMES:
+        return ensure_layout(name_or_path)
     path = Path(name_or_path).expanduser()
     if _is_checkpoint(path):
         return path.resolve()
     raise ValueError(
-        f"unknown model {name_or_path!r}: not a preset ({', '.join(PRESET_NAMES)}) "
+        f"unknown model {name_or_path!r}: not a preset"
+        f" ({', '.join(PRESET_NAMES + LAYOUT_NAMES)}) "
         "nor a directory with config.json"
     )
