@@ -1,4 +1,5 @@
-"""Qwen2-VL: greedy output of mmserve equals transformers' generate (float32, M-RoPE)."""
+"""Qwen2-VL and Qwen2.5-VL: greedy output of mmserve equals transformers' generate (float32,
+M-RoPE), with every cache setting. Every test runs on both families' CI presets."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from mmserve import LLM, SamplingParams
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from tests.conftest import assert_no_leaks, make_image
 
-MODEL = "tiny-qwen2-vl"
+MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)
 PAD = QWEN_SPECIAL_TOKEN_IDS["<|image_pad|>"]
@@ -21,21 +22,20 @@ VISION = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
 class QwenReference:
-    """transformers' Qwen2VLForConditionalGeneration fed by the PIL image processor + tokenizer
+    """transformers' model of the checkpoint's architecture (``Qwen2VLForConditionalGeneration``
+    or ``Qwen2_5_VLForConditionalGeneration``) fed by the PIL image processor + tokenizer
     (placeholders expanded here; ``mm_token_type_ids`` drives its M-RoPE positions)."""
 
-    def __init__(self, **processor_kwargs: Any) -> None:
-        from transformers import (
-            AutoTokenizer,
-            Qwen2VLForConditionalGeneration,
-            Qwen2VLImageProcessorPil,
-        )
+    def __init__(self, model: str, **processor_kwargs: Any) -> None:
+        import transformers
+        from transformers import AutoConfig, AutoTokenizer, Qwen2VLImageProcessorPil
 
-        path = resolve_model_path(MODEL)
+        path = resolve_model_path(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, **processor_kwargs)
-        self.model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
-        self.model.eval()
+        model_class = getattr(transformers, AutoConfig.from_pretrained(path).architectures[0])
+        self.model = model_class.from_pretrained(path, dtype=torch.float32).eval()
+        self._greedy: dict[tuple, list[int]] = {}
 
     def inputs(self, prompt: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
         ids = self.tokenizer(prompt)["input_ids"]
@@ -54,10 +54,14 @@ class QwenReference:
         }
 
     def greedy(self, prompt: str, images: list[Image.Image], max_new: int = MAX_NEW) -> list[int]:
-        inputs = self.inputs(prompt, images)
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, max_new_tokens=max_new, do_sample=False)
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
+        """Memoized by prompt and image identity (the tests reuse their image objects)."""
+        key = (prompt, tuple(map(id, images)), max_new)
+        if key not in self._greedy:
+            inputs = self.inputs(prompt, images)
+            with torch.inference_mode():
+                out = self.model.generate(**inputs, max_new_tokens=max_new, do_sample=False)
+            self._greedy[key] = out[0, inputs["input_ids"].shape[1] :].tolist()
+        return self._greedy[key]
 
 
 def chat_prompt(n_images: int, question: str = "What is in the picture?") -> str:
@@ -75,14 +79,19 @@ def check_parity(llm: LLM, ref: QwenReference, cases: list[tuple[str, list]]) ->
     return outs
 
 
-@pytest.fixture(scope="module")
-def ref() -> QwenReference:
-    return QwenReference()
+@pytest.fixture(scope="module", params=MODELS)
+def model(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(MODEL, max_num_batched_tokens=2048, max_num_seqs=64, seed=0)
+def ref(model) -> QwenReference:
+    return QwenReference(model)
+
+
+@pytest.fixture(scope="module")
+def llm(model) -> LLM:
+    return LLM(model, max_num_batched_tokens=2048, max_num_seqs=64, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +103,8 @@ def imgs() -> dict[str, Image.Image]:
         "tiny": (30, 20),
         "hd": (1280, 720),
     }
-    return {name: make_image(i, size) for i, (name, size) in enumerate(sizes.items())}
+    out = {name: make_image(i, size) for i, (name, size) in enumerate(sizes.items())}
+    return out | {f"q{i}": make_image(10 + i, (640, 360)) for i in range(4)}
 
 
 def test_one_image(llm, ref, imgs):
@@ -126,9 +136,9 @@ def test_batch_of_mixed_requests(llm, ref, imgs):
 
 
 @pytest.mark.parametrize("budget", [64, 37])
-def test_image_split_across_chunks(ref, imgs, budget):
+def test_image_split_across_chunks(model, ref, imgs, budget):
     # 187 / 252 embeddings per image: every image spans 3+ chunks, chunk ends fall inside them.
-    llm = LLM(MODEL, max_num_batched_tokens=budget, max_num_seqs=4)
+    llm = LLM(model, max_num_batched_tokens=budget, max_num_seqs=4)
     cases = [
         (chat_prompt(2, "What changed?"), [imgs["portrait"], imgs["wide"]]),
         (chat_prompt(1), [imgs["square"]]),
@@ -136,8 +146,8 @@ def test_image_split_across_chunks(ref, imgs, budget):
     check_parity(llm, ref, cases)
 
 
-def test_image_reused_across_requests_and_turns(ref, imgs):
-    llm = LLM(MODEL, max_num_batched_tokens=2048)
+def test_image_reused_across_requests_and_turns(model, ref, imgs):
+    llm = LLM(model, max_num_batched_tokens=2048)
     image = imgs["portrait"]
     turn1 = [
         {
@@ -180,32 +190,64 @@ def test_image_reused_across_requests_and_turns(ref, imgs):
     assert_no_leaks(llm)
 
 
-def test_preemption(ref, imgs):
+def test_preemption(model, ref, imgs):
     # ~275-token prompts take 18 blocks each: two fit in 37 blocks, but their decodes soon
     # need more, so the newer one is preempted and recomputed (positions rebuilt incl. output).
-    llm = LLM(MODEL, num_kv_blocks=37, block_size=16, max_model_len=592, max_num_batched_tokens=512)
-    cases = [(chat_prompt(1, f"Question {i}?"), [make_image(10 + i, (640, 360))]) for i in range(4)]
+    llm = LLM(model, num_kv_blocks=37, block_size=16, max_model_len=592, max_num_batched_tokens=512)
+    cases = [(chat_prompt(1, f"Question {i}?"), [imgs[f"q{i}"]]) for i in range(4)]
     check_parity(llm, ref, cases)
     assert llm.get_metrics()["num_preemptions"] > 0
 
 
-def test_processor_kwargs_limit_pixels(imgs):
+def test_processor_kwargs_limit_pixels(model, imgs):
     kwargs = {"min_pixels": 28 * 28 * 16, "max_pixels": 28 * 28 * 64}
-    llm = LLM(MODEL, processor_kwargs=kwargs)
+    llm = LLM(model, processor_kwargs=kwargs)
     # Not 64: a 1:200 image keeps a 28-pixel short side when scaled down, 28 x 3164 pixels.
     assert smart_resize(20, 4000, 28, **kwargs) == (28, 3164)
     assert llm.engine.config.model.max_tokens_per_image == 3164 // 28 == 113
-    ref = QwenReference(**kwargs)
+    ref = QwenReference(model, **kwargs)
     cases = [(chat_prompt(2), [imgs["hd"], imgs["tiny"]])]
     (out,) = check_parity(llm, ref, cases)
     assert out.prompt_token_ids.count(PAD) == 60 + 20  # 1280x720 -> 6x10, 30x20 -> 4x5 (up)
 
 
-def test_image_over_encoder_budget_is_rejected(imgs):
-    llm = LLM(MODEL)
+def test_image_over_encoder_budget_is_rejected(model, imgs):
+    llm = LLM(model)
     llm.engine.encoder_budget = 100  # as if the budget were smaller than a 187-embedding image
     with pytest.raises(ValueError, match="187 embeddings"):
         llm.generate(
             {"prompt": chat_prompt(1), "images": [imgs["portrait"]]}, GREEDY, use_tqdm=False
         )
     assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("encoder_cache", [True, False], ids=["enc-cache", "no-enc-cache"])
+@pytest.mark.parametrize("prefix_cache", [True, False], ids=["prefix", "no-prefix"])
+def test_cache_settings(model, ref, imgs, encoder_cache, prefix_cache):
+    """Two rounds sharing images and prompt prefixes, prefilled in 48-token chunks: the second
+    round hits whichever caches are on, and every answer still equals transformers'."""
+    llm = LLM(
+        model,
+        enable_encoder_cache=encoder_cache,
+        enable_prefix_caching=prefix_cache,
+        max_num_batched_tokens=48,
+        max_num_seqs=4,
+    )
+    first = [
+        (chat_prompt(1, "Describe it."), [imgs["portrait"]]),
+        (chat_prompt(2, "Compare."), [imgs["wide"], imgs["portrait"]]),
+    ]
+    second = [
+        (chat_prompt(1, "Describe it."), [imgs["portrait"]]),
+        (chat_prompt(2, "Which is larger?"), [imgs["wide"], imgs["portrait"]]),
+        (chat_prompt(2, "And now?"), [imgs["square"], imgs["wide"]]),
+    ]
+    check_parity(llm, ref, first)
+    check_parity(llm, ref, second)
+    metrics = llm.get_metrics()
+    assert (metrics["prefix_cache_hits"] > 0) == prefix_cache, metrics
+    distinct = 3
+    if encoder_cache:
+        assert metrics["encoder_images_encoded"] == distinct, metrics
+    else:
+        assert metrics["encoder_images_encoded"] > distinct, metrics

@@ -229,5 +229,7 @@ def test_public_api() -> None:
         "tiny-llava-small",
         "tiny-qwen2-vl",
         "tiny-qwen2-vl-small",
+        "tiny-qwen2.5-vl",
+        "tiny-qwen2.5-vl-small",
     )
     assert set(tiny.__all__) >= {"PRESET_NAMES", "build_preset", "resolve_model_path"}

@@ -1,9 +1,9 @@
 """transformers as the no-cache reference: model + inputs built without torchvision.
 
-LLaVA uses its own ``AutoProcessor`` (CLIP PIL image processor). Qwen2-VL's ``AutoProcessor``
-needs torchvision (its video processor), so its inputs are built like the parity tests do:
-``Qwen2VLImageProcessorPil`` + tokenizer, one ``<|image_pad|>`` per merged patch, and
-``mm_token_type_ids`` (1 at image-pad tokens) for the M-RoPE positions.
+LLaVA uses its own ``AutoProcessor`` (CLIP PIL image processor). Qwen2-VL's and Qwen2.5-VL's
+``AutoProcessor`` need torchvision (their video processor), so their inputs are built like the
+parity tests do: ``Qwen2VLImageProcessorPil`` + tokenizer, one ``<|image_pad|>`` per merged
+patch, and ``mm_token_type_ids`` (1 at image-pad tokens) for the M-RoPE positions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-QWEN2_VL = "Qwen2VLForConditionalGeneration"
+# Qwen2.5-VL ships Qwen2-VL's image processor and placeholders
+QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 
 
 class HFInputs:
@@ -27,7 +28,7 @@ class HFInputs:
 
         kwargs = dict(processor_kwargs or {})
         self.architecture = architecture
-        if architecture == QWEN2_VL:
+        if architecture in QWEN_VL:
             from transformers import Qwen2VLImageProcessorPil
 
             self.tokenizer = AutoTokenizer.from_pretrained(path)

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
 from mmserve.bench.meter import Meter
-from mmserve.bench.reference import QWEN2_VL, HFReference
+from mmserve.bench.reference import QWEN_VL, HFReference
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages, render_chat
 from mmserve.models.tiny import resolve_model_path
@@ -53,8 +53,8 @@ def model_max_len(model: str) -> int:
 
 
 def processor_kwargs_for(model: str, max_pixels: int | None) -> dict[str, Any]:
-    """Processor kwargs every engine of a comparison uses (Qwen2-VL: a pixel cap)."""
-    if architecture(model) != QWEN2_VL:
+    """Processor kwargs every engine of a comparison uses (Qwen2/2.5-VL: a pixel cap)."""
+    if architecture(model) not in QWEN_VL:
         return {}
     return {"max_pixels": max_pixels or QWEN_BENCH_MAX_PIXELS}
 

@@ -131,13 +131,17 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             raise ValueError("Qwen2-VL with sliding-window attention is not supported")
         self.config = hf_config
         self.merge_size = vision.spatial_merge_size
-        self.visual = Qwen2VisionTransformer(vision)
+        self.visual = self.make_vision_tower(vision)
         head_dim = text.hidden_size // text.num_attention_heads
         section = (text.rope_parameters or {}).get("mrope_section", [16, 24, 24])
         rotary = MRotaryEmbedding(head_dim, rope_theta(text), section)
         self.language_model = LlamaModel(text, qkv_bias=True, o_bias=False, rotary_emb=rotary)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self._set_kv_geometry(text)
+
+    @staticmethod
+    def make_vision_tower(vision_config: Any) -> nn.Module:
+        return Qwen2VisionTransformer(vision_config)
 
     @staticmethod
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:

@@ -25,12 +25,15 @@ Grid = tuple[int, int, int]  # (t, h, w) in patches
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """The Conv3d patch embedding run as a matmul over the processor's flat patches."""
+
+    def __init__(self, config: Any, embed_dim: int | None = None) -> None:
+        """``embed_dim``: the tower's width when the config does not call it ``embed_dim``."""
         super().__init__()
         kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.embed_dim = config.embed_dim
+        self.embed_dim = embed_dim or config.embed_dim
         # Kept as a Conv3d so the checkpoint's 5-D weight loads as is; run as a matmul.
-        self.proj = nn.Conv3d(config.in_channels, config.embed_dim, kernel, kernel, bias=False)
+        self.proj = nn.Conv3d(config.in_channels, self.embed_dim, kernel, kernel, bias=False)
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         """[patches, C*T*p*p] -> [patches, embed_dim]."""
@@ -91,7 +94,7 @@ class PatchMerger(nn.Module):
     def __init__(self, dim: int, context_dim: int, merge_size: int) -> None:
         super().__init__()
         self.hidden_size = context_dim * merge_size**2
-        self.ln_q = nn.LayerNorm(context_dim, eps=1e-6)
+        self.ln_q: nn.Module = nn.LayerNorm(context_dim, eps=1e-6)
         self.mlp = nn.Sequential(
             nn.Linear(self.hidden_size, self.hidden_size),
             nn.GELU(),
@@ -102,32 +105,17 @@ class PatchMerger(nn.Module):
         return self.mlp(self.ln_q(x).view(-1, self.hidden_size))
 
 
-class Qwen2VisionTransformer(nn.Module):
-    """``forward(patches, grids)`` = transformers' ``Qwen2VisionTransformerPretrainedModel(
-    patches, grid_thw).pooler_output``: one row per merge_size x merge_size block of patches."""
+class VisionRotaryEmbedding:
+    """The 2-D rotary embedding of the Qwen-VL towers (no parameters): the first half of the
+    rotated pairs turns with the patch row, the second with its column, in the block-major patch
+    order of the processor."""
 
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.merge_size = config.spatial_merge_size
-        self.head_dim = config.embed_dim // config.num_heads
-        self.rope_theta = float((config.rope_parameters or {}).get("rope_theta", 10000.0))
-        self.patch_embed = PatchEmbed(config)
-        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
-        self.merger = PatchMerger(config.hidden_size, config.embed_dim, self.merge_size)
+    def __init__(self, head_dim: int, theta: float, merge_size: int) -> None:
+        self.head_dim, self.rope_theta, self.merge_size = head_dim, theta, merge_size
 
-    def forward(self, patches: torch.Tensor, grids: Sequence[Grid]) -> torch.Tensor:
-        x = self.patch_embed(patches)
-        cos, sin = self.rotary(grids, x.device)
-        segments = _equal_runs([h * w for t, h, w in grids for _ in range(t)])
-        for block in self.blocks:
-            x = block(x, cos, sin, segments)
-        return self.merger(x)
-
-    def rotary(self, grids: Sequence[Grid], device: torch.device) -> tuple[torch.Tensor, ...]:
-        """cos [patches, 1, head_dim] and sin [patches, 1, head_dim / 2] (float32) of the 2-D
-        rotary embedding: the first half of the rotated pairs turns with the patch row, the
-        second with its column, in the block-major patch order of the processor. One table per
-        distinct grid."""
+    def __call__(self, grids: Sequence[Grid], device: torch.device) -> tuple[torch.Tensor, ...]:
+        """cos [patches, 1, head_dim] and sin [patches, 1, head_dim / 2] (float32). One table
+        per distinct grid."""
         quarter = self.head_dim // 2
         exponents = torch.arange(0, quarter, 2, dtype=torch.float) / quarter
         inv_freq = (1.0 / self.rope_theta**exponents).to(device)
@@ -150,6 +138,30 @@ class Qwen2VisionTransformer(nn.Module):
         rows = rows.reshape(block).transpose(1, 2).flatten()
         cols = cols.reshape(block).transpose(1, 2).flatten()
         return torch.stack([rows, cols], dim=-1).repeat(t, 1)
+
+
+class Qwen2VisionTransformer(nn.Module):
+    """``forward(patches, grids)`` = transformers' ``Qwen2VisionTransformerPretrainedModel(
+    patches, grid_thw).pooler_output``: one row per merge_size x merge_size block of patches."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.merge_size = config.spatial_merge_size
+        theta = float((config.rope_parameters or {}).get("rope_theta", 10000.0))
+        self.rotary = VisionRotaryEmbedding(
+            config.embed_dim // config.num_heads, theta, self.merge_size
+        )
+        self.patch_embed = PatchEmbed(config)
+        self.blocks = nn.ModuleList(VisionBlock(config) for _ in range(config.depth))
+        self.merger = PatchMerger(config.hidden_size, config.embed_dim, self.merge_size)
+
+    def forward(self, patches: torch.Tensor, grids: Sequence[Grid]) -> torch.Tensor:
+        x = self.patch_embed(patches)
+        cos, sin = self.rotary(grids, x.device)
+        segments = _equal_runs([h * w for t, h, w in grids for _ in range(t)])
+        for block in self.blocks:
+            x = block(x, cos, sin, segments)
+        return self.merger(x)
 
 
 def _equal_runs(lengths: list[int]) -> list[tuple[int, int]]:

@@ -6,11 +6,13 @@ from typing import Any
 
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.llava import LlavaForConditionalGeneration
+from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 
 MODEL_REGISTRY: dict[str, type[VisionLanguageModel]] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
 }
 
 

@@ -65,6 +65,8 @@ class ImageInputs:
 IMAGE_INPUTS = {
     "LlavaForConditionalGeneration": ImageInputs(_hf_llava, _llava_inputs),
     "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
+    # Qwen2.5-VL ships Qwen2-VL's image processor.
+    "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
 }
 
 

@@ -13,6 +13,7 @@ from .presets import (
     count_parameters,
     make_config,
 )
+from .qwen2_5_vl import Qwen2_5_VLPresetSpec
 from .qwen2_vl import Qwen2VLPresetSpec
 from .tokenizer import (
     CHAT_TEMPLATE,
@@ -34,6 +35,7 @@ __all__ = [
     "QWEN_CHAT_TEMPLATE",
     "QWEN_SPECIAL_TOKEN_IDS",
     "Qwen2VLPresetSpec",
+    "Qwen2_5_VLPresetSpec",
     "build_model",
     "build_preset",
     "build_tokenizer",

@@ -32,6 +32,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .qwen2_5_vl import QWEN2_5_VL_PRESETS
 from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
 from .tokenizer import (
     BOS,
@@ -145,6 +146,7 @@ PRESETS: dict[str, AnySpec] = {
         max_position_embeddings=8192,
     ),
     **QWEN2_VL_PRESETS,
+    **QWEN2_5_VL_PRESETS,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
