@@ -5,9 +5,10 @@
 # Arguments after the image name are `mmserve serve` arguments (vLLM's flag names).
 FROM python:3.11-slim
 
-# g++ compiles mmserve's CPU attention kernels against the installed torch
+# g++ compiles mmserve's CPU attention kernels against the installed torch; tcmalloc is
+# preloaded below (1.04x glibc's malloc in `mmserve bench envs`, benchmarks/README.md)
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
+    && apt-get install -y --no-install-recommends g++ libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/*
 
 # the CPU wheel, pinned: a bare `torch` pulls a multi-GB CUDA build
@@ -23,7 +24,8 @@ RUN pip install --no-cache-dir --no-build-isolation . \
 RUN useradd --create-home --uid 1000 mmserve && mkdir -p /var/cache/mmserve \
     && chown mmserve /var/cache/mmserve
 USER mmserve
-ENV MMSERVE_CACHE_DIR=/var/cache/mmserve
+ENV MMSERVE_CACHE_DIR=/var/cache/mmserve \
+    LD_PRELOAD=libtcmalloc_minimal.so.4
 WORKDIR /home/mmserve
 EXPOSE 8000
 

@@ -1,4 +1,4 @@
-"""``engine/malloc_tuning.py``: applied once per process, opt-out by environment."""
+"""``engine/malloc_tuning.py``: opt-in by environment, applied once per process."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ def test_tune_malloc_once_and_opt_out(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibc())
     monkeypatch.setattr(malloc_tuning, "_applied", None)
     monkeypatch.delenv(malloc_tuning.ENV, raising=False)
+    assert malloc_tuning.tune_malloc() is False and calls == []  # off by default
+
+    monkeypatch.setattr(malloc_tuning, "_applied", None)
+    monkeypatch.setenv(malloc_tuning.ENV, "1")
     assert malloc_tuning.tune_malloc() is True
     assert dict(calls) == {
         malloc_tuning.M_MMAP_THRESHOLD: 32 << 20,
@@ -37,5 +41,5 @@ def test_tune_malloc_without_glibc(monkeypatch):
 
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
     monkeypatch.setattr(malloc_tuning, "_applied", None)
-    monkeypatch.delenv(malloc_tuning.ENV, raising=False)
+    monkeypatch.setenv(malloc_tuning.ENV, "1")
     assert malloc_tuning.tune_malloc() is False

@@ -60,7 +60,7 @@ class LLMEngine:
     ) -> None:
         """``media_policy`` says which image URLs / files may be read (default: public URLs,
         and local files as ``allowed_local_path`` says: True any, a directory below it)."""
-        tune_malloc()  # glibc: reuse freed memory instead of re-faulting it every step
+        tune_malloc()  # opt-in: glibc keeps freed memory (MMSERVE_MALLOC_TUNING=1)
         self.config = config
         mc, sc, cc = config.model, config.scheduler, config.cache
         torch.manual_seed(config.seed)

@@ -10,9 +10,13 @@ benchmark -- up to ~2 s of 19 s on one core, the "caches on are 3.6-7.8 % slower
 gap (issue 14). A fixed threshold at glibc's maximum (32 MiB: every tensor below it comes from
 the heap and is reused), no trimming, and a top pad remove that dependence.
 
-Cost: the process keeps its peak heap (RSS does not shrink after a burst) -- what a serving
-process does anyway once warm, and what jemalloc / tcmalloc do too. No effect with another
-allocator preloaded or outside glibc. ``MMSERVE_MALLOC_TUNING=0`` leaves glibc as it is.
+Cost: the process keeps its peak heap (RSS does not shrink after a burst). No effect with
+another allocator preloaded or outside glibc.
+
+Opt-in (``MMSERVE_MALLOC_TUNING=1``): it removed the faults but not measurably the time. In
+``mmserve bench envs`` (reuse 0 %, 200 requests, a fresh process per run, 3 interleaved rounds)
+it ran at 0.99x glibc's defaults (22.8 vs 23.1 req/s, spreads overlapping), while preloading
+tcmalloc ran at 1.04x and jemalloc at 0.81x (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ _applied: bool | None = None
 
 
 def tune_malloc() -> bool:
-    """Apply the settings once per process (True if glibc accepted them). Idempotent; a later
-    ``mallopt`` (e.g. the encoder-memory probe's) still overrides them."""
+    """Apply the settings once per process if ``MMSERVE_MALLOC_TUNING=1`` (True if glibc
+    accepted them). Idempotent; a later ``mallopt`` (e.g. the encoder-memory probe's) still
+    overrides them."""
     global _applied
     if _applied is not None:
         return _applied
     _applied = False
-    if os.environ.get(ENV, "1") == "0":
+    if os.environ.get(ENV, "0") != "1":
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
