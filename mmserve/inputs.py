@@ -38,17 +38,20 @@ class ProcessedPrompt:
 @dataclass
 class PromptInput:
     """One prompt as the APIs take it: text or token ids, its images (any source admission
-    reads) in prompt order, optional per-image uuids and the tenant's cache salt."""
+    reads) in prompt order, optional per-image uuids, the tenant's cache salt and this
+    prompt's image processor settings (``mm_processor_kwargs``, merged over the engine's)."""
 
     prompt: str | list[int]
     images: list[Any] = field(default_factory=list)
     uuids: list[str | None] | None = None
     cache_salt: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, prompt: Any) -> PromptInput:
         """A str / token-id list / ``{"prompt" | "prompt_token_ids", "images" |
-        "multi_modal_data", "uuids", "cache_salt"}`` dict -> PromptInput."""
+        "multi_modal_data", "uuids", "cache_salt", "mm_processor_kwargs"}`` dict ->
+        PromptInput."""
         if isinstance(prompt, cls):
             return prompt
         if isinstance(prompt, (str, list)):
@@ -59,5 +62,11 @@ class PromptInput:
                 raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
             images = prompt.get("images", prompt.get("multi_modal_data", {}).get("image", []))
             images = list(images) if isinstance(images, (list, tuple)) else [images]
-            return cls(text, images, prompt.get("uuids"), prompt.get("cache_salt"))
+            return cls(
+                text,
+                images,
+                prompt.get("uuids"),
+                prompt.get("cache_salt"),
+                prompt.get("mm_processor_kwargs"),
+            )
         raise ValueError(f"unsupported prompt of type {type(prompt).__name__}")

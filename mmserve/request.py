@@ -29,6 +29,12 @@ class Request:
     ``all_token_ids`` is prompt + output; ``num_computed_tokens`` counts the leading tokens whose
     KV is written (or scheduled to be written this step). After preemption it drops to 0 and the
     whole ``all_token_ids`` is prefilled again.
+
+    ``prefill_leader``: for the 2nd..nth child of an ``n > 1`` request, the first child; this
+    request is not admitted before the leader's prompt is scheduled through (or the leader
+    ended), so it finds the prompt's full blocks in the prefix cache instead of prefilling them
+    again. ``prompt_logprobs`` holds one entry per prompt token after the first (if asked for),
+    in order; a recomputed chunk (after preemption) does not add entries twice.
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class Request:
         eos_token_ids: tuple[int, ...] = (),
         max_model_len: int | None = None,
         cache_salt: str | None = None,
+        prefill_leader: Request | None = None,
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -50,6 +57,8 @@ class Request:
         self.all_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprobs] = []  # one per output token if asked for
+        self.prompt_logprobs: list[TokenLogprobs] = []
+        self.prefill_leader = prefill_leader
         self.num_computed_tokens = 0
         self.max_num_computed_tokens = 0  # high-water mark, for ProgressMonitor
         self.num_cached_tokens = 0
@@ -70,6 +79,24 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def skips_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position's logits: no prefix hits (as in vLLM)."""
+        return self.sampling_params.prompt_logprobs is not None
+
+    @property
+    def waits_for_leader(self) -> bool:
+        leader = self.prefill_leader
+        if leader is None or leader.is_finished:
+            return False
+        return leader.num_computed_tokens < leader.num_prompt_tokens
+
+    def add_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
+        """``entries`` are those of prompt tokens ``first + 1, first + 2, ...``."""
+        have = len(self.prompt_logprobs)
+        if first + len(entries) > have:
+            self.prompt_logprobs.extend(entries[max(0, have - first) :])
 
     def append_output_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         if self.first_token_time is None:

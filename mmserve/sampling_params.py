@@ -18,6 +18,9 @@ class SamplingParams:
     multiplied) counts prompt and output tokens, ``presence_penalty`` / ``frequency_penalty``
     (OpenAI style, subtracted) count output tokens only. ``min_tokens`` masks EOS and
     ``stop_token_ids`` (and defers stop strings) until that many tokens are generated.
+    ``n``: how many completions to sample for the prompt (the engine fans out ``n`` child
+    requests sharing the prompt's KV blocks and image embeddings; with ``seed``, child ``i``
+    uses ``seed + i``, so the whole result is reproducible; greedy gives ``n`` equal choices).
     ``logprobs``: how many top alternatives to return per generated token (0 = only the sampled
     token's), ``prompt_logprobs`` the same per prompt token; both are log-softmax of the raw
     model logits (vLLM's default ``raw_logprobs`` mode), before penalties and temperature.
@@ -39,6 +42,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +63,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0 or (

@@ -139,7 +139,8 @@ def cases(media: dict[str, Path]) -> list[tuple[str, str, Any, int]]:
             {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]},
             400,
         ),
-        ("n=2", CHAT, text_chat(n=2), 400),
+        ("n=0", CHAT, text_chat(n=0), 400),
+        ("n over max_num_seqs", CHAT, text_chat(n=100_000), 400),
         ("temperature -1", CHAT, text_chat(temperature=-1), 400),
         ("top_p 0", CHAT, text_chat(top_p=0), 400),
         ("top_p 1.5", CHAT, text_chat(top_p=1.5), 400),
@@ -249,7 +250,7 @@ def test_openai_client_exceptions(server: RunningServer) -> None:
     client = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL, messages=msgs, n=2)
+        client.chat.completions.create(model=MODEL, messages=msgs, n=0)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=msgs)
     bad_key = OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0)

@@ -43,7 +43,6 @@ REFUSED_CASES = [
     ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
     ("chat", "use_beam_search", True),
     ("chat", "guided_choice", ["a", "b"]),
-    ("chat", "prompt_logprobs", 1),
     ("chat", "mm_processor_kwargs", {"max_pixels": 1000}),
     ("chat", "chat_template", "{{ messages }}"),
     ("completion", "echo", True),

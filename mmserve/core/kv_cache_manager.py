@@ -23,7 +23,8 @@ class KVCacheManager:
       as soon as they are full of computed or scheduled tokens (a request later in the same step
       may hit them: each layer writes K/V before attending); if the step fails,
       ``rollback_step`` unregisters them, so a hash always names KV that was written;
-    - a prefix hit never covers a request's last token (its logits are needed);
+    - a prefix hit never covers a request's last token (its logits are needed), nor any token
+      of a request asking for prompt logprobs;
     - ``free(r)`` returns every reference r holds, tail first (so a request's last blocks are
       evicted before its shared prefix); freed blocks keep their hash until reused;
     - after all requests are freed, every block is back in the pool's free queue.
@@ -62,7 +63,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of ``request`` as (blocks, tokens); takes no references."""
-        if self.hasher is None:
+        if self.hasher is None or request.skips_prefix_cache:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVBlock] = []

@@ -64,5 +64,8 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     # req_id -> logprobs of its sampled token, for requests with ``SamplingParams.logprobs``.
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # req_id -> (first, logprobs of prompt tokens first + 1, first + 2, ...) computed this step,
+    # for requests with ``SamplingParams.prompt_logprobs``.
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     encoder_seconds: float = 0.0
     num_images_encoded: int = 0

@@ -62,7 +62,9 @@ class Scheduler:
     a bounded number of steps; once H is refused cache space, no later request of that step
     may take any (``EncoderPlan.blocked_on_space``), so those occurrences drain and H gets the
     space. Hence H gains >= 1 token within bounded steps, finishes, and the next oldest becomes
-    H; waiting requests are admitted FCFS as running ones finish. ``ProgressMonitor`` is the
+    H; waiting requests are admitted FCFS as running ones finish. A child of an ``n > 1`` request
+    that waits for its leader's prefill (``Request.waits_for_leader``) holds the queue only
+    while the leader, which is ahead of it, runs. ``ProgressMonitor`` is the
     safety net should a bug break this: it fails the stuck request only.
     """
 
@@ -207,6 +209,8 @@ class Scheduler:
         for request in self._waiting_candidates(only):
             if self._token_budget <= 0 or len(self.running) >= self.max_num_seqs:
                 return
+            if request.waits_for_leader:  # FCFS: its leader is ahead and progressing
+                return
             self._journal.current = request
             entry = self._journal_entry(request)
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
@@ -324,6 +328,9 @@ class Scheduler:
             if request is None:
                 continue  # aborted while the step ran
             release_finished_occurrences(request, num_scheduled, self.encoder_cache)
+            prompt_logprobs = result.prompt_logprobs.get(req_id)
+            if prompt_logprobs is not None:
+                request.add_prompt_logprobs(*prompt_logprobs)
             token = result.sampled_token_ids.get(req_id)
             if token is None:
                 continue  # a prefill chunk that did not reach the end

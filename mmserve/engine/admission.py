@@ -140,18 +140,30 @@ class Admission:
         images: Sequence[Any],
         uuids: Sequence[str | None] | None,
         cache_salt: str | None,
+        mm_kwargs: dict[str, Any] | None = None,
     ) -> ProcessedPrompt:
-        self.engine.processor.check_num_images(len(images))  # before any fetch or decode
+        """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch)."""
+        processor = self.engine.processor
+        processor.check_num_images(len(images))  # before any fetch or decode
+        processor.check_mm_kwargs(mm_kwargs)
         sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
-        prepared = await gather_or_cancel(*(self.prepare_image(src, cache_salt) for src in sources))
+        prepared = await gather_or_cancel(
+            *(self.prepare_image(src, cache_salt, mm_kwargs) for src in sources)
+        )
         return await self.executors.text(
-            self.engine.process_inputs, prompt, prepared, uuids, cache_salt
+            self.engine.process_inputs, prompt, prepared, uuids, cache_salt, mm_kwargs
         )
 
-    async def prepare_image(self, source: Any, cache_salt: str | None) -> PreparedImage:
+    async def prepare_image(
+        self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
+    ) -> PreparedImage:
+        """In a media worker process with the engine's processor settings; in the media
+        threads for sources the workers do not take or per-request ``mm_kwargs``."""
         processor = self.engine.processor
-        if self.media_workers is None or not isinstance(source, (bytes, str)):
-            return await self.executors.media(processor.prepare_image, source, cache_salt)
+        if self.media_workers is None or not isinstance(source, (bytes, str)) or mm_kwargs:
+            return await self.executors.media(
+                processor.prepare_image, source, cache_salt, mm_kwargs
+            )
         key = None
         if isinstance(source, bytes) or source[:5].lower() == "data:":  # not a path: may change
             key = await self.executors.text(memo_key, source, cache_salt)

@@ -244,6 +244,7 @@ class AsyncLLMEngine:
         params: ParamsLike | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs of one request until it finishes.
 
@@ -267,7 +268,9 @@ class AsyncLLMEngine:
         reason = "error"
         try:
             try:
-                processed = await self.admission.admit(prompt, images, uuids, cache_salt)
+                processed = await self.admission.admit(
+                    prompt, images, uuids, cache_salt, mm_processor_kwargs
+                )
                 params = params(len(processed.prompt_token_ids)) if callable(params) else params
             except ValueError:
                 reason = "rejected"
@@ -285,7 +288,7 @@ class AsyncLLMEngine:
             )
             while stream is not None:
                 out = await stream.get()
-                timer.on_output(len(out.outputs[0].token_ids))
+                timer.on_output(sum(len(c.token_ids) for c in out.outputs))
                 if out.finished:
                     reason, stream = out.outputs[0].finish_reason or "stop", None
                 yield out
@@ -382,7 +385,7 @@ class AsyncLLMEngine:
                 continue  # aborted meanwhile
             if out.finished:
                 del self._active[out.request_id]
-            if out.outputs[0].finish_reason == "error":
+            if out.error is not None:
                 stream.put_threadsafe(EngineStepError(out.error or "the request failed"))
             else:
                 stream.put_threadsafe(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.engine_metrics import read_engine_metrics
 from mmserve.engine.errors import EngineDeadError
+from mmserve.engine.fanout import FanOut, child_params
 from mmserve.engine.generation_defaults import (
     build_sampling_params,
     default_max_tokens,
@@ -84,6 +86,7 @@ class LLMEngine:
             image_processor,
             sc.max_images_per_prompt,
             media_policy or MediaFetchPolicy(allowed_local_path=allowed_local_path),
+            functools.partial(load_image_processor, mc.path),
         )
         self.model = load_model(mc, self.device)
         with torch.inference_mode():  # the logits width, which token ids in requests must fit
@@ -137,6 +140,7 @@ class LLMEngine:
         self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
         self.dead: BaseException | None = None
         self.outputs = OutputProcessor(self.detokenizer, self.scheduler.finish_requests)
+        self.fanout = FanOut()
         self._ids = itertools.count()
         self.num_prompt_tokens = 0
 
@@ -192,13 +196,15 @@ class LLMEngine:
         images: Sequence[Any] = (),
         uuids: Sequence[str | None] | None = None,
         cache_salt: str | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> ProcessedPrompt:
         """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
         ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
-        prefix-cache block hashes) to one tenant."""
+        prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
+        engine's image processor settings for this prompt's images (part of their keys)."""
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
-        processed = self.processor.process(prompt, images, uuids, cache_salt)
+        processed = self.processor.process(prompt, images, uuids, cache_salt, mm_processor_kwargs)
         n = len(processed.prompt_token_ids)
         if n >= self.max_model_len:
             raise ValueError(
@@ -222,7 +228,13 @@ class LLMEngine:
         prompt_text: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
+        """Queue one processed prompt; ``params.n > 1`` fans out ``n`` child requests whose
+        outputs come back merged under ``request_id`` (see ``engine.fanout``)."""
         params.check_token_ids(self.vocab_size)
+        if params.n > self.config.scheduler.max_num_seqs:
+            raise ValueError(
+                f"n must be <= max_num_seqs ({self.config.scheduler.max_num_seqs}), got {params.n}"
+            )
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.max_tokens is None:
             room = default_max_tokens(
@@ -231,6 +243,30 @@ class LLMEngine:
                 self.generation_defaults.get("max_tokens"),
             )
             params = dataclasses.replace(params, max_tokens=room)
+        if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
+            raise ValueError(f"request id {req_id!r} is already in use")
+        if params.n == 1:
+            self._add_request(req_id, processed, params, prompt_text, cache_salt)
+        else:
+            ids = self.fanout.add(req_id, params.n, prompt_text)
+            leader = None
+            prefix_caching = self.config.cache.enable_prefix_caching
+            for cid, child in zip(ids, child_params(params), strict=True):
+                request = self._add_request(cid, processed, child, None, cache_salt, leader)
+                if prefix_caching and leader is None:
+                    leader = request
+        self.num_prompt_tokens += len(processed.prompt_token_ids)
+        return req_id
+
+    def _add_request(
+        self,
+        req_id: str,
+        processed: ProcessedPrompt,
+        params: SamplingParams,
+        prompt_text: str | None,
+        cache_salt: str | None,
+        leader: Request | None = None,
+    ) -> Request:
         request = Request(
             req_id,
             processed.prompt_token_ids,
@@ -239,11 +275,11 @@ class LLMEngine:
             eos_token_ids=self.config.model.eos_token_ids,
             max_model_len=self.max_model_len,
             cache_salt=cache_salt,
+            prefill_leader=leader,
         )
         self.scheduler.add_request(request)
         self.outputs.add(req_id, prompt_text)
-        self.num_prompt_tokens += request.num_prompt_tokens
-        return req_id
+        return request
 
     def default_sampling_params(self) -> SamplingParams:
         """The generation config's defaults (``max_tokens`` unset: sized per prompt)."""
@@ -264,6 +300,8 @@ class LLMEngine:
         return self.add_processed(processed, params, request_id, text, cache_salt)
 
     def abort_request(self, req_ids: list[str]) -> None:
+        """Abort requests by id; the id of an ``n > 1`` request aborts all its children."""
+        req_ids = self.fanout.expand(req_ids)
         self.scheduler.finish_requests(req_ids, RequestStatus.FINISHED_ABORTED)
         for req_id in req_ids:
             self.outputs.forget(req_id)
@@ -278,7 +316,11 @@ class LLMEngine:
         result = self._schedule_and_execute()
         outputs = [self.outputs.make_output(request) for request in result.updated]
         outputs += [self.outputs.error_output(request, why) for request, why in result.failed]
-        return outputs + self._fail_if_stalled(result, sum(out.finished for out in outputs))
+        outputs += self._fail_if_stalled(result, sum(out.finished for out in outputs))
+        merged, orphans = self.fanout.merge(outputs)
+        if orphans:  # siblings of a child that failed: the parent has ended
+            self.abort_request(orphans)
+        return merged
 
     def _schedule_and_execute(self) -> StepResult:
         if self.dead is not None:

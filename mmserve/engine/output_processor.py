@@ -97,4 +97,7 @@ class OutputProcessor:
             finished=finished,
             num_cached_tokens=request.num_cached_tokens,
             metrics=metrics,
+            prompt_logprobs=None
+            if request.sampling_params.prompt_logprobs is None
+            else request.prompt_logprobs,
         )

@@ -26,3 +26,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why the request failed (finish_reason "error")
+    # one per prompt token after the first (the first has none), if the request asked
+    prompt_logprobs: list[TokenLogprobs] | None = None

@@ -35,8 +35,9 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """``prompts``: a str / token-id list / {"prompt" | "prompt_token_ids", "images",
-        "uuids", "cache_salt"} dict, or a list of them. Outputs come back in input order; a request
-        that failed alone (its input broke a step) has finish_reason "error" and ``.error``."""
+        "uuids", "cache_salt", "mm_processor_kwargs"} dict, or a list of them. Outputs come back in
+        input order; a request that failed alone (its input broke a step) has finish_reason
+        "error" and ``.error``."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -90,7 +91,9 @@ class LLM:
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
         processed = [  # validate all first
-            self.engine.process_inputs(inp.prompt, inp.images, inp.uuids, inp.cache_salt)
+            self.engine.process_inputs(
+                inp.prompt, inp.images, inp.uuids, inp.cache_salt, inp.mm_processor_kwargs
+            )
             for inp in inputs
         ]
         order: dict[str, int] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import blake3
@@ -16,12 +16,15 @@ from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
 
 
 class InputProcessor:
     """Tokenizes, loads and hashes images, runs the HF image processor, expands placeholders.
 
     Runs at admission (off the event loop in the server), so every image is hashed exactly once.
+    A request's ``mm_kwargs`` (``mm_processor_kwargs``) select the preparer of its merged
+    processor settings (``request_kwargs``); the memo and the item keys include them.
     """
 
     def __init__(
@@ -31,11 +34,15 @@ class InputProcessor:
         image_processor: Any,
         max_images: int,
         media_policy: MediaFetchPolicy,
+        load_image_processor: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
+        """``load_image_processor``: merged processor kwargs -> image processor (needed for
+        per-request ``mm_processor_kwargs``)."""
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.max_images = max_images
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
+        self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
 
     @property
@@ -58,9 +65,12 @@ class InputProcessor:
         images: Sequence[Any] = (),
         uuids: Sequence[str | None] | None = None,
         cache_salt: str | None = None,
+        mm_kwargs: dict[str, Any] | None = None,
     ) -> ProcessedPrompt:
         """Token ids with expanded placeholders and one item per image. ``images`` may hold
-        ``PreparedImage``s (from ``prepare_image``, e.g. run in another thread) or sources."""
+        ``PreparedImage``s (from ``prepare_image`` with the same ``mm_kwargs``, e.g. run in
+        another thread) or sources."""
+        merged = self.check_mm_kwargs(mm_kwargs)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
@@ -87,9 +97,10 @@ class InputProcessor:
             prepared = (
                 source
                 if isinstance(source, PreparedImage)
-                else self.prepare_image(source, cache_salt)
+                else self.prepare_image(source, cache_salt, mm_kwargs)
             )
-            key = self.item_key(prepared, uuids[i] if uuids is not None else None, cache_salt)
+            uuid = uuids[i] if uuids is not None else None
+            key = self.item_key(prepared, uuid, cache_salt, merged)
             repeats[place] = prepared.length
             items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
             shift += prepared.length - 1
@@ -104,33 +115,59 @@ class InputProcessor:
                 " (limit_mm_per_prompt)"
             )
 
-    def item_key(self, prepared: PreparedImage, uuid: str | None, cache_salt: str | None) -> str:
+    def check_mm_kwargs(self, mm_kwargs: Any) -> dict[str, Any] | None:
+        """A request's ``mm_processor_kwargs`` merged over the engine's, or None when they
+        change nothing; ValueError naming the field for bad keys or values."""
+        mc = self.model_config
+        return check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
+
+    def item_key(
+        self,
+        prepared: PreparedImage,
+        uuid: str | None,
+        cache_salt: str | None,
+        merged_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The encoder-cache key: content hash, or the caller's uuid bound to the image's size
         and token count; either scoped by the tenant's ``cache_salt``."""
         mm_hash = prepared.mm_hash
         if uuid is not None:
             mc = self.model_config
-            mm_hash = hash_uuid(uuid, mc.model, mc.processor_kwargs, prepared.length, prepared.size)
+            kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
+            mm_hash = hash_uuid(uuid, mc.model, kwargs, prepared.length, prepared.size)
         return salted(mm_hash, cache_salt)
 
-    def prepare_image(self, source: Any, cache_salt: str | None = None) -> PreparedImage:
+    def prepare_image(
+        self, source: Any, cache_salt: str | None = None, mm_kwargs: Any = None
+    ) -> PreparedImage:
         """Decode, hash and preprocess one image, or take all three from the memo when these
-        exact bytes (or pixels) were seen before by the same tenant. Thread-safe."""
+        exact bytes (or pixels) were seen before by the same tenant with the same processor
+        settings. Thread-safe."""
         if not self.preparer.accepts_images:
             raise ValueError("this model does not accept images")
-        raw = self.preparer.read(source)
+        merged = self.check_mm_kwargs(mm_kwargs)
+        preparer = self.preparers.get(merged)
+        raw = preparer.read(source)
         if isinstance(raw, Image.Image):
-            key = f"{cache_salt or ''}|px:{self.preparer.content_hash(checked_image(raw))}"
+            key = f"{cache_salt or ''}|px:{preparer.content_hash(checked_image(raw))}"
         else:
-            key = memo_key(raw, cache_salt)
+            key = memo_key(raw, cache_salt, merged)
         prepared = self.memo.get(key)
         if prepared is None:
-            prepared = self.preparer.prepare(raw)
+            prepared = preparer.prepare(raw)
             self.memo.put(key, prepared)
         return prepared
 
 
-def memo_key(raw: bytes | str, cache_salt: str | None = None) -> str:
-    """The memo key of encoded image bytes (or of a data URL, before decoding it), per tenant."""
+def memo_key(
+    raw: bytes | str, cache_salt: str | None = None, merged_kwargs: dict[str, Any] | None = None
+) -> str:
+    """The memo key of encoded image bytes (or of a data URL, before decoding it), per tenant
+    and per processor setting (None: the engine's)."""
     kind, data = ("url", raw.encode()) if isinstance(raw, str) else ("raw", raw)
-    return f"{cache_salt or ''}|{kind}:{blake3.blake3(data).hexdigest()}"
+    setting = "" if merged_kwargs is None else canonical(merged_kwargs)
+    return f"{cache_salt or ''}|{setting}|{kind}:{blake3.blake3(data).hexdigest()}"
+
+
+def _no_loader(kwargs: dict[str, Any]) -> Any:
+    raise ValueError("per-request mm_processor_kwargs need an image processor loader")

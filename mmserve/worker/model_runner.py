@@ -12,10 +12,12 @@ from mmserve.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOut
 from mmserve.inputs import MultiModalItem
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
-from mmserve.sampling_params import SamplingParams
+from mmserve.sampling_params import SamplingParams, TokenLogprobs
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.logits_processors import TokenHistory
-from mmserve.worker.sampler import sample
+from mmserve.worker.sampler import compute_logprobs, sample
+
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions per logits matrix (bounds its memory)
 
 if TYPE_CHECKING:
     from mmserve.layers.mrope import MRopePositions
@@ -43,6 +45,8 @@ class FlatBatch:
     mm_src: list[torch.Tensor]  # image embedding slices, in mm_dst order
     sample_idx: torch.Tensor
     sample_req_ids: list[str]
+    # (req_id, flat row, first position, count): rows whose logits give prompt logprobs
+    prompt_rows: list[tuple[str, int, int, int]]
 
 
 class ModelRunner:
@@ -172,6 +176,7 @@ class ModelRunner:
             sampled = sample(
                 logits, params, [s.generator for s in states], histories, self.eos_token_ids
             )
+            prompt_logprobs = self._prompt_logprobs(hidden, batch.prompt_rows)
         tokens = sampled.token_ids
         for req_id, n in sched.num_scheduled_tokens.items():
             self.states[req_id].num_computed_tokens += n
@@ -189,15 +194,35 @@ class ModelRunner:
         return ModelRunnerOutput(
             sampled_token_ids=dict(zip(batch.sample_req_ids, tokens, strict=True)),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             encoder_seconds=self.encoder.encoder_seconds - seconds,
             num_images_encoded=self.encoder.num_images_encoded - images,
         )
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, prompt_rows: list[tuple[str, int, int, int]]
+    ) -> dict[str, tuple[int, list[TokenLogprobs]]]:
+        """Raw log-softmax of the prompt positions' logits: row j predicts prompt token j + 1."""
+        out: dict[str, tuple[int, list[TokenLogprobs]]] = {}
+        for req_id, row, first, count in prompt_rows:
+            state = self.states[req_id]
+            num_top = state.params.prompt_logprobs or 0
+            entries: list[TokenLogprobs] = []
+            for lo in range(0, count, PROMPT_LOGPROBS_ROWS):
+                hi = min(count, lo + PROMPT_LOGPROBS_ROWS)
+                logits = self.model.compute_logits(hidden[row + lo : row + hi])
+                targets = state.token_ids[first + lo + 1 : first + hi + 1]
+                rows = logits.float().log_softmax(-1)
+                entries += compute_logprobs(rows, targets, [num_top] * (hi - lo))
+            out[req_id] = (first, entries)
+        return out
 
     def _build_batch(self, sched: SchedulerOutput) -> FlatBatch:
         ids: list[int] = []
         mrope_positions, tables, query_lens, seq_lens = [], [], [], []
         mm_dst, mm_src = [], []
         sample_idx, sample_req_ids = [], []
+        prompt_rows: list[tuple[str, int, int, int]] = []
         offset = 0
         for req_id, n in sched.num_scheduled_tokens.items():
             state = self.states[req_id]
@@ -213,6 +238,10 @@ class ModelRunner:
                 if lo < hi:
                     mm_dst.append(torch.arange(lo, hi) - start + offset)
                     mm_src.append(self.encoder.get_slice(item, lo, hi))
+            if state.params.prompt_logprobs is not None:
+                last = min(end, state.num_prompt_tokens - 1)
+                if last > start:
+                    prompt_rows.append((req_id, offset, start, last - start))
             if end == len(state.token_ids):
                 sample_idx.append(offset + n - 1)
                 sample_req_ids.append(req_id)
@@ -245,4 +274,5 @@ class ModelRunner:
             mm_src=mm_src,
             sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=dev),
             sample_req_ids=sample_req_ids,
+            prompt_rows=prompt_rows,
         )

@@ -72,3 +72,26 @@ class LogprobsFormatter:
             "logprob": max(logprob, _FLOOR),
             "bytes": list(text.encode("utf-8")),
         }
+
+
+def format_prompt_logprobs(
+    tokenizer: Any, entries: list[TokenLogprobs]
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token a dict from
+    token id to ``{"logprob", "rank", "decoded_token"}`` holding the prompt token itself and the
+    top alternatives asked for."""
+    texts: dict[int, str] = {}
+
+    def entry(token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+        text = texts.get(token_id)
+        if text is None:
+            text = texts[token_id] = tokenizer.decode([token_id])
+        return {"logprob": max(logprob, _FLOOR), "rank": rank, "decoded_token": text}
+
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for lp in entries:
+        position = {str(lp.token_id): entry(lp.token_id, lp.logprob, lp.rank)}
+        for rank, (token_id, value) in enumerate(lp.top, start=1):
+            position.setdefault(str(token_id), entry(token_id, value, rank))
+        out.append(position)
+    return out

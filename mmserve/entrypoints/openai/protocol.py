@@ -5,7 +5,8 @@ Only implemented fields are declared here; anything else a request carries lands
 fields mmserve does not implement are accepted only at their neutral values), so nothing is
 silently ignored. vLLM extensions implemented: ``top_k`` (-1 or 0 disables), ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, per-part ``uuid``,
-``cache_salt`` (scopes prefix- and encoder-cache hits to requests with the same salt).
+``cache_salt`` (scopes prefix- and encoder-cache hits to requests with the same salt),
+``prompt_logprobs``, ``mm_processor_kwargs`` (chat).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class _SamplingFields(_Request):
     logit_bias: dict[str, float] | None = None
     stop_token_ids: list[int] | None = None
     user: str | None = None  # OpenAI's end-user id: informational, no effect on generation
+    prompt_logprobs: int | None = None  # vLLM: logprobs of the prompt tokens (not streamed)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -82,6 +84,8 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # image processor settings for this request's images (checked per architecture)
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @property
     def num_logprobs(self) -> int | None:

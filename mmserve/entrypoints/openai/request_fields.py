@@ -24,8 +24,6 @@ _EMPTY: tuple[Any, ...] = (None, [], {}, "")
 
 # field -> the values accepted as "not used" (vLLM's defaults for it)
 REFUSED_COMMON: dict[str, tuple[Any, ...]] = {
-    "prompt_logprobs": _OFF,
-    "mm_processor_kwargs": _EMPTY,
     "use_beam_search": _FALSE,
     "length_penalty": (None, 1, 1.0),
     "include_stop_str_in_output": _FALSE,
@@ -79,6 +77,7 @@ REFUSED_COMPLETION: dict[str, tuple[Any, ...]] = {
     "suffix": _EMPTY,
     "add_special_tokens": _TRUE,
     "prompt_embeds": _EMPTY,
+    "mm_processor_kwargs": _EMPTY,  # completions take no images here
 }
 # best_of is accepted when it equals n (mmserve returns all n candidates it samples)
 SAME_AS_N = ("best_of",)

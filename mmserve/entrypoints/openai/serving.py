@@ -32,7 +32,10 @@ from mmserve.engine.generation_defaults import (
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.entrypoints.openai.errors import APIError, error_body, to_api_error
-from mmserve.entrypoints.openai.logprobs_format import LogprobsFormatter
+from mmserve.entrypoints.openai.logprobs_format import (
+    LogprobsFormatter,
+    format_prompt_logprobs,
+)
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -70,13 +73,15 @@ _SAMPLING = {
     "repetition_penalty",
     "logit_bias",
     "logprobs",
+    "prompt_logprobs",
+    "n",
 }
 
 
 def usage_of(out: RequestOutput) -> Usage:
-    return make_usage(
-        len(out.prompt_token_ids), len(out.outputs[0].token_ids), out.num_cached_tokens
-    )
+    """The prompt counted once, the completion tokens of every choice."""
+    completion = sum(len(c.token_ids) for c in out.outputs)
+    return make_usage(len(out.prompt_token_ids), completion, out.num_cached_tokens)
 
 
 def _render(
@@ -139,6 +144,7 @@ class OpenAIServing:
         self.engine.check_health()  # draining or dead: 503 before any work
         self.check_model(req.model)
         factory = self.sampling_factory(req)
+        self.check_mm_kwargs(req.mm_processor_kwargs)
         options = chat_options(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         template = self.engine.chat_template
@@ -146,7 +152,15 @@ class OpenAIServing:
             _render, self.engine.tokenizer, messages, template, options
         )
         rid = uuid.uuid4().hex
-        gen = self.engine.generate(inp.prompt, inp.images, inp.uuids, factory, rid, req.cache_salt)
+        gen = self.engine.generate(
+            inp.prompt,
+            inp.images,
+            inp.uuids,
+            factory,
+            rid,
+            req.cache_salt,
+            req.mm_processor_kwargs,
+        )
         return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}")
 
     async def completion(self, raw: Request, req: CompletionRequest) -> Any:
@@ -180,10 +194,22 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
+    def check_mm_kwargs(self, kwargs: Any) -> None:
+        """A request's ``mm_processor_kwargs``: unknown keys or bad values are 400s."""
+        try:
+            self.engine.engine.processor.check_mm_kwargs(kwargs)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="mm_processor_kwargs") from None
+
     def sampling_factory(self, req: AnyRequest) -> Callable[[int], SamplingParams]:
         """Validate the sampling fields now; size max_tokens once the prompt length is known."""
-        if req.n != 1:
-            raise APIError(400, f"only n=1 is supported, got n={req.n}", param="n")
+        max_seqs = self.engine.engine.config.scheduler.max_num_seqs
+        if req.n > max_seqs:
+            raise APIError(400, f"n must be <= max_num_seqs ({max_seqs}), got {req.n}", param="n")
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(
+                400, "prompt_logprobs are not available when stream=true", param="prompt_logprobs"
+            )
         refused = REFUSED_CHAT if isinstance(req, ChatCompletionRequest) else REFUSED_COMPLETION
         bad = unsupported_fields(req, refused)
         if bad:
@@ -220,6 +246,8 @@ class OpenAIServing:
                     "frequency_penalty": req.frequency_penalty or 0.0,
                     "logit_bias": _logit_bias(req.logit_bias),
                     "logprobs": req.num_logprobs,
+                    "prompt_logprobs": req.prompt_logprobs,
+                    "n": req.n,
                 }
             )
             base.check_token_ids(self.engine.engine.vocab_size)
@@ -269,23 +297,37 @@ class OpenAIServing:
         )
 
     def _full_response(self, kind: str, rid: str, out: RequestOutput) -> dict[str, Any]:
-        comp = out.outputs[0]
-        choice: dict[str, Any] = {"index": 0, "finish_reason": comp.finish_reason, "logprobs": None}
-        if comp.logprobs is not None:
-            fmt = LogprobsFormatter(self.engine.tokenizer, kind)
-            choice["logprobs"] = fmt.format(comp.logprobs, 0)
-        if kind == "chat":
-            choice["message"] = {"role": "assistant", "content": comp.text}
-        else:
-            choice["text"] = comp.text
-        return {
+        choices = []
+        for comp in out.outputs:
+            choice: dict[str, Any] = {
+                "index": comp.index,
+                "finish_reason": comp.finish_reason,
+                "logprobs": None,
+            }
+            if comp.logprobs is not None:
+                fmt = LogprobsFormatter(self.engine.tokenizer, kind)
+                choice["logprobs"] = fmt.format(comp.logprobs, 0)
+            if kind == "chat":
+                choice["message"] = {"role": "assistant", "content": comp.text}
+            else:
+                choice["text"] = comp.text
+            choices.append(choice)
+        body: dict[str, Any] = {
             "id": rid,
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_of(out).model_dump(),
         }
+        if out.prompt_logprobs is not None:  # vLLM: on the body (chat), on each choice (text)
+            prompt_lps = format_prompt_logprobs(self.engine.tokenizer, out.prompt_logprobs)
+            if kind == "chat":
+                body["prompt_logprobs"] = prompt_lps
+            else:
+                for choice in choices:
+                    choice["prompt_logprobs"] = prompt_lps
+        return body
 
     async def _stream(
         self,
@@ -309,30 +351,37 @@ class OpenAIServing:
                 body["usage"] = usage.model_dump() if usage is not None else None
             return sse(body)
 
-        fmt = LogprobsFormatter(self.engine.tokenizer, kind)
-
         def choice(
-            text: str, finish: str | None, role: bool = False, logprobs: Any = None
+            index: int, text: str, finish: str | None, role: bool = False, logprobs: Any = None
         ) -> dict[str, Any]:
+            body = {"index": index, "finish_reason": finish, "logprobs": logprobs}
             if kind != "chat":
-                return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+                return {**body, "text": text}
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text or role:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+            return {**body, "delta": delta}
 
-        tracker = DeltaTracker(_stops(req))
+        n = len(first.outputs)
+        fmts = [LogprobsFormatter(self.engine.tokenizer, kind) for _ in range(n)]
+        trackers = [DeltaTracker(_stops(req)) for _ in range(n)]
+        ended = [False] * n
         try:
-            if kind == "chat":
-                yield chunk([choice("", None, role=True)])
+            if kind == "chat":  # one role chunk per choice, as vLLM sends
+                for i in range(n):
+                    yield chunk([choice(i, "", None, role=True)])
             out: RequestOutput | None = first
             while out is not None:
-                comp = out.outputs[0]
-                text = tracker.delta(comp.text, out.finished)
-                if text or out.finished:
-                    finish = comp.finish_reason if out.finished else None
-                    logprobs = fmt.next_delta(comp.logprobs)
-                    yield chunk([choice(text, finish, logprobs=logprobs)])
+                for i, comp in enumerate(out.outputs):
+                    if ended[i]:
+                        continue
+                    done = out.finished or comp.finish_reason is not None
+                    text = trackers[i].delta(comp.text, done)
+                    if text or done:
+                        finish = comp.finish_reason if done else None
+                        logprobs = fmts[i].next_delta(comp.logprobs)
+                        yield chunk([choice(i, text, finish, logprobs=logprobs)])
+                        ended[i] = done
                 if out.finished:
                     if include_usage:
                         yield chunk([], usage_of(out))

@@ -41,10 +41,10 @@ class TokenizeRequest(BaseModel):
     continue_final_message: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     # vLLM's fields mmserve's chat path does not take: refused by name
     chat_template: str | None = None
     tools: list[Any] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -61,11 +61,7 @@ def _check_tokenize(req: TokenizeRequest) -> None:
         raise APIError(400, "give exactly one of 'prompt' and 'messages'", param="prompt")
     if req.messages is None:
         return
-    refused = [
-        name
-        for name in ("chat_template", "tools", "mm_processor_kwargs")
-        if getattr(req, name) is not None
-    ]
+    refused = [name for name in ("chat_template", "tools") if getattr(req, name) is not None]
     if refused:
         raise APIError(400, f"unsupported field(s): {', '.join(refused)}", param=refused[0])
 
@@ -116,7 +112,9 @@ class TokenizeHandler:
                 flag = req.add_special_tokens
                 prompt = await engine.run_text(_encode, tokenizer, inp.prompt, flag)
             # the engine's own admission: image placeholders expanded as a generation's are
-            processed = await engine.admission.admit(prompt, inp.images, inp.uuids, None)
+            mm_kwargs = req.mm_processor_kwargs
+            self.serving.check_mm_kwargs(mm_kwargs)
+            processed = await engine.admission.admit(prompt, inp.images, inp.uuids, None, mm_kwargs)
             tokens = list(processed.prompt_token_ids)
         else:
             special = req.add_special_tokens is not False
