@@ -51,8 +51,11 @@ from mmserve.entrypoints.openai.streaming import (
     sse,
     until_disconnect,
 )
+from mmserve.entrypoints.openai.structured_fields import structured_spec
+from mmserve.entrypoints.openai.tool_calls import ToolMode
 from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
+from mmserve.structured_outputs import StructuredOutputsParams
 
 AnyRequest = ChatCompletionRequest | CompletionRequest
 _SAMPLING = {
@@ -94,11 +97,13 @@ def _render(
 
 def chat_options(req: ChatCompletionRequest) -> ChatOptions:
     """The request's chat-template fields; bad combinations are 400s before any work."""
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     try:
         return ChatOptions(
             req.add_generation_prompt,
             req.continue_final_message,
             dict(req.chat_template_kwargs or {}),
+            tools,
         )
     except ValueError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else None
@@ -138,22 +143,29 @@ class OpenAIServing:
         """/v1/chat/completions: messages -> chat template + images -> JSON or SSE."""
         self.engine.check_health()  # draining or dead: 503 before any work
         self.check_model(req.model)
-        factory = self.sampling_factory(req)
+        try:
+            tools = ToolMode.of(req.tools, req.tool_choice, req.parallel_tool_calls)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="tool_choice") from None
+        constraint = structured_spec(req, tools.schema())
+        factory = self.sampling_factory(req, constraint)
         options = chat_options(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         template = self.engine.chat_template
         inp = await self.engine.run_text(
             _render, self.engine.tokenizer, messages, template, options
         )
+        await self._compile(constraint)
         rid = uuid.uuid4().hex
         gen = self.engine.generate(inp.prompt, inp.images, inp.uuids, factory, rid, req.cache_salt)
-        return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}")
+        return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}", tools)
 
     async def completion(self, raw: Request, req: CompletionRequest) -> Any:
         """/v1/completions: one text or token-id prompt (no images) -> JSON or SSE."""
         self.engine.check_health()
         self.check_model(req.model)
-        factory = self.sampling_factory(req)
+        constraint = structured_spec(req)
+        factory = self.sampling_factory(req, constraint)
         prompt: Any = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -166,6 +178,7 @@ class OpenAIServing:
                 f" {self.engine.max_model_len} (including at least one generated token)",
                 param="prompt",
             )
+        await self._compile(constraint)
         rid = uuid.uuid4().hex
         gen = self.engine.generate(prompt, (), None, factory, rid, req.cache_salt)
         return await self._respond(raw, req, gen, "completion", f"cmpl-{rid}")
@@ -180,7 +193,21 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    def sampling_factory(self, req: AnyRequest) -> Callable[[int], SamplingParams]:
+    async def _compile(self, constraint: tuple[str, StructuredOutputsParams] | None) -> None:
+        """Compile the output constraint in the text pool (cached by content); 400 if bad."""
+        if constraint is None:
+            return
+        name, spec = constraint
+        try:
+            await self.engine.run_text(self.engine.engine.grammar.compile, spec)
+        except ValueError as exc:
+            raise APIError(400, f"{name}: {exc}", param=name) from None
+
+    def sampling_factory(
+        self,
+        req: AnyRequest,
+        constraint: tuple[str, StructuredOutputsParams] | None = None,
+    ) -> Callable[[int], SamplingParams]:
         """Validate the sampling fields now; size max_tokens once the prompt length is known."""
         if req.n != 1:
             raise APIError(400, f"only n=1 is supported, got n={req.n}", param="n")
@@ -220,6 +247,7 @@ class OpenAIServing:
                     "frequency_penalty": req.frequency_penalty or 0.0,
                     "logit_bias": _logit_bias(req.logit_bias),
                     "logprobs": req.num_logprobs,
+                    "structured_outputs": constraint[1] if constraint else None,
                 }
             )
             base.check_token_ids(self.engine.engine.vocab_size)
@@ -255,20 +283,23 @@ class OpenAIServing:
         gen: AsyncIterator[RequestOutput],
         kind: str,
         rid: str,
+        tools: ToolMode | None = None,
     ) -> JSONResponse | StreamingResponse:
         try:
             if not req.stream:
                 final = await until_disconnect(raw, last_item(gen))
-                return JSONResponse(self._full_response(kind, rid, final))
+                return JSONResponse(self._full_response(kind, rid, final, tools))
             first = await until_disconnect(raw, anext(gen))
         except BaseException:
             await aclose_quietly(gen)
             raise
         return StreamingResponse(
-            self._stream(kind, rid, req, gen, first), media_type="text/event-stream"
+            self._stream(kind, rid, req, gen, first, tools), media_type="text/event-stream"
         )
 
-    def _full_response(self, kind: str, rid: str, out: RequestOutput) -> dict[str, Any]:
+    def _full_response(
+        self, kind: str, rid: str, out: RequestOutput, tools: ToolMode | None = None
+    ) -> dict[str, Any]:
         comp = out.outputs[0]
         choice: dict[str, Any] = {"index": 0, "finish_reason": comp.finish_reason, "logprobs": None}
         if comp.logprobs is not None:
@@ -276,6 +307,10 @@ class OpenAIServing:
             choice["logprobs"] = fmt.format(comp.logprobs, 0)
         if kind == "chat":
             choice["message"] = {"role": "assistant", "content": comp.text}
+            if tools is not None and tools.parses:
+                content, calls = tools.parse(comp.text)
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = tools.finish_reason(comp.finish_reason, bool(calls))
         else:
             choice["text"] = comp.text
         return {
@@ -294,6 +329,7 @@ class OpenAIServing:
         req: AnyRequest,
         gen: AsyncIterator[RequestOutput],
         first: RequestOutput,
+        tools: ToolMode | None = None,
     ) -> AsyncIterator[str]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         head = {
@@ -311,13 +347,20 @@ class OpenAIServing:
 
         fmt = LogprobsFormatter(self.engine.tokenizer, kind)
 
+        streamer = tools.streamer() if tools is not None and tools.parses else None
+        streamed = ""
+
         def choice(
             text: str, finish: str | None, role: bool = False, logprobs: Any = None
         ) -> dict[str, Any]:
             if kind != "chat":
                 return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text or role:
+            if streamer is not None and not role:
+                delta.update(streamer.feed(streamed, finish is not None))
+                if finish is not None and tools is not None:
+                    finish = tools.finish_reason(finish, streamer.called)
+            elif text or role:
                 delta["content"] = text
             return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
@@ -329,6 +372,7 @@ class OpenAIServing:
             while out is not None:
                 comp = out.outputs[0]
                 text = tracker.delta(comp.text, out.finished)
+                streamed += text
                 if text or out.finished:
                     finish = comp.finish_reason if out.finished else None
                     logprobs = fmt.next_delta(comp.logprobs)
