@@ -8,11 +8,19 @@ if TYPE_CHECKING:
     from mmserve.engine.outputs import CompletionOutput, RequestOutput
     from mmserve.entrypoints.llm import LLM
     from mmserve.sampling_params import SamplingParams
+    from mmserve.structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "RequestOutput",
+    "CompletionOutput",
+]
 _EXPORTS = {
     "LLM": "mmserve.entrypoints.llm",
     "SamplingParams": "mmserve.sampling_params",
+    "StructuredOutputsParams": "mmserve.structured_outputs",
     "RequestOutput": "mmserve.engine.outputs",
     "CompletionOutput": "mmserve.engine.outputs",
 }

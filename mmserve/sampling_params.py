@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from mmserve.structured_outputs import StructuredOutputsParams
+
 GREEDY_EPS = 1e-5  # temperatures below this sample greedily (their softmax over/underflows)
 MAX_LOGPROBS = 20  # the most top alternatives a request may ask for (OpenAI's and vLLM's cap)
 LOGIT_BIAS_LIMIT = 100.0  # biases are clamped to [-100, 100], as OpenAI and vLLM do
@@ -24,6 +26,8 @@ class SamplingParams:
     ``logprobs``: how many top alternatives to return per generated token (0 = only the sampled
     token's), ``prompt_logprobs`` the same per prompt token; both are log-softmax of the raw
     model logits (vLLM's default ``raw_logprobs`` mode), before penalties and temperature.
+    ``structured_outputs`` constrains the output (JSON schema, regex, choice, grammar); its
+    token mask is applied to the logits first, as in vLLM.
     """
 
     temperature: float = 1.0
@@ -43,6 +47,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     n: int = 1
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

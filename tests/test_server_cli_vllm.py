@@ -147,6 +147,7 @@ def test_unsupported_settings_fail_before_torch_is_imported(argv: list[str], nam
         ["--enable-lora"],
         ["--tokenizer", "other/tokenizer"],
         ["--speculative-config", "{}"],
+        ["--tool-call-parser", "mistral"],
     ],
 )
 def test_vllm_flags_mmserve_lacks_fail_with_one_line(
@@ -170,6 +171,7 @@ def test_vllm_flags_mmserve_lacks_fail_with_one_line(
         ["--enable-chunked-prefill"],
         ["--disable-log-requests"],
         ["--disable-log-stats"],
+        ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
     ],
 )
 def test_vllm_flags_that_change_nothing_here_are_accepted(argv: list[str]) -> None:

@@ -39,10 +39,10 @@ def llm() -> LLM:
 
 
 REFUSED_CASES = [
-    ("chat", "response_format", {"type": "json_object"}),
-    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("chat", "structural_tag", {"type": "structural_tag"}),
+    ("chat", "functions", [{"name": "f"}]),
     ("chat", "use_beam_search", True),
-    ("chat", "guided_choice", ["a", "b"]),
+    ("chat", "guided_whitespace_pattern", "[ ]*"),
     ("chat", "mm_processor_kwargs", {"max_pixels": 1000}),
     ("chat", "chat_template", "{{ messages }}"),
     ("completion", "echo", True),

@@ -110,6 +110,7 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         if self.text is None:
             raise ValueError(NO_TEMPLATE_HELP)
@@ -119,6 +120,7 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=False,
+            tools=tools,
             **(template_kwargs or {}),
         )
         return str(rendered)

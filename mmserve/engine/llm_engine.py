@@ -26,6 +26,7 @@ from mmserve.engine.generation_defaults import (
     default_max_tokens,
     describe_defaults,
 )
+from mmserve.engine.grammar import GrammarCompiler
 from mmserve.engine.loading import (
     create_engine_config,
     load_image_processor,
@@ -92,6 +93,7 @@ class LLMEngine:
         with torch.inference_mode():  # the logits width, which token ids in requests must fit
             probe = torch.zeros(1, mc.hidden_size, dtype=torch_dtype(mc.dtype), device=self.device)
             self.vocab_size = int(self.model.compute_logits(probe).shape[-1])
+        self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
         self.encoder_budget, _ = compute_encoder_budget(mc, sc)
         capacity = encoder_cache_capacity(mc, sc, cc)
         num_blocks = self._num_kv_blocks()
@@ -235,6 +237,8 @@ class LLMEngine:
             raise ValueError(
                 f"n must be <= max_num_seqs ({self.config.scheduler.max_num_seqs}), got {params.n}"
             )
+        if params.structured_outputs is not None:  # the server compiles it off the loop first
+            self.grammar.compile(params.structured_outputs)
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.max_tokens is None:
             room = default_max_tokens(

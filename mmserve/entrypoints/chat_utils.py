@@ -9,6 +9,7 @@ text does not already hold it).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +43,13 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 class ChatOptions:
     """How one conversation is rendered: vLLM's ``add_generation_prompt`` (default True),
     ``continue_final_message`` (continue the last message instead of starting a new one) and
-    ``chat_template_kwargs`` (extra template variables, e.g. ``{"add_vision_id": true}``)."""
+    ``chat_template_kwargs`` (extra template variables, e.g. ``{"add_vision_id": true}``) and
+    ``tools`` (OpenAI function definitions, passed to the template as ``tools``)."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.add_generation_prompt and self.continue_final_message:
@@ -78,7 +81,7 @@ def parse_chat_messages(
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg:
             raise ValueError(f"messages[{i}] must be an object with a 'role'")
-        extra = {"name": msg["name"]} if msg.get("name") is not None else {}
+        extra = _message_extras(msg)
         content = msg.get("content")
         if content is None or isinstance(content, str):
             conv.append({"role": msg["role"], "content": content, **extra})
@@ -103,6 +106,31 @@ def parse_chat_messages(
                 raise ValueError(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
         conv.append({"role": msg["role"], "content": parts, **extra})
     return conv, images, uuids
+
+
+def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call as templates read it: ``arguments`` a dict where it is a JSON object (HF
+    templates write ``arguments | tojson``), as vLLM passes it."""
+    function = dict(call.get("function") or {})
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+        if isinstance(arguments, dict):
+            function["arguments"] = arguments
+    except (TypeError, ValueError):
+        pass
+    return {**call, "function": function}
+
+
+def _message_extras(msg: dict[str, Any]) -> dict[str, Any]:
+    """``name``, ``tool_calls`` and ``tool_call_id`` of a message, as the template reads them."""
+    extra: dict[str, Any] = {}
+    if msg.get("name") is not None:
+        extra["name"] = msg["name"]
+    if msg.get("tool_calls"):
+        extra["tool_calls"] = [_template_tool_call(c) for c in msg["tool_calls"]]
+    if msg.get("tool_call_id") is not None:
+        extra["tool_call_id"] = msg["tool_call_id"]
+    return extra
 
 
 def normalize_content(conv: list[dict[str, Any]], template: ChatTemplate) -> list[dict[str, Any]]:
@@ -150,6 +178,7 @@ def render_chat(
         add_generation_prompt=options.add_generation_prompt,
         continue_final_message=options.continue_final_message,
         template_kwargs=options.chat_template_kwargs,
+        tools=options.tools,
     )
 
 

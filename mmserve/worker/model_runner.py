@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,7 @@ from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.sampling_params import SamplingParams, TokenLogprobs
 from mmserve.worker.encoder_runner import EncoderRunner
+from mmserve.worker.grammar_mask import GrammarMask, new_matcher
 from mmserve.worker.logits_processors import TokenHistory
 from mmserve.worker.sampler import compute_logprobs, sample
 
@@ -34,6 +35,7 @@ class RequestState:
     # M-RoPE models only: [3, n] positions of the tokens known at admission + decode offset.
     mrope: MRopePositions | None = None
     num_prompt_tokens: int = 0
+    matcher: Any = None  # xgrammar matcher of a request with structured outputs
 
 
 @dataclass
@@ -84,6 +86,10 @@ class ModelRunner:
         self.uses_mrope = model.uses_mrope
         self.attention_backend = attention_backend
         self.eos_token_ids = eos_token_ids  # masked by min_tokens
+        self.grammar = GrammarMask()
+        # preempted requests' grammar matchers, kept like their generators (they have accepted
+        # every output token so far, which the request brings back as prompt)
+        self._parked_matchers: dict[str, Any] = {}
 
     def _add_request(self, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -102,7 +108,17 @@ class ModelRunner:
             if self.uses_mrope
             else None,
             len(new.token_ids) if new.num_prompt_tokens is None else new.num_prompt_tokens,
+            self._matcher(new),
         )
+
+    def _matcher(self, new: NewRequestData) -> Any:
+        parked = self._parked_matchers.pop(new.req_id, None)
+        spec = new.sampling_params.structured_outputs
+        if parked is not None or spec is None:
+            return parked
+        if spec.compiled is None:
+            raise ValueError("structured_outputs must be compiled before the request runs")
+        return new_matcher(spec.compiled)
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step. If it raises, the worker is as before the step except that the ended,
@@ -111,10 +127,13 @@ class ModelRunner:
         for req_id in sched.finished_req_ids:
             self.states.pop(req_id, None)
             self._parked_generators.pop(req_id, None)
+            self._parked_matchers.pop(req_id, None)
         for req_id in sched.preempted_req_ids:
             state = self.states.pop(req_id, None)
             if state is not None and state.generator is not None:
                 self._parked_generators[req_id] = state.generator
+            if state is not None and state.matcher is not None:
+                self._parked_matchers[req_id] = state.matcher
         self.encoder.drop(sched.freed_encoder_keys)
         self.encoder.begin_step()
         undo = self._apply_request_changes(sched)
@@ -129,10 +148,11 @@ class ModelRunner:
 
     def _apply_request_changes(self, sched: SchedulerOutput):
         """Add the new requests and extend the cached ones; returns a function undoing it."""
-        added: list[tuple[str, torch.Generator | None]] = []
+        added: list[tuple[str, torch.Generator | None, Any]] = []
         previous: list[tuple[RequestState, torch.Tensor, int]] = []
         for new in sched.new_requests:
-            added.append((new.req_id, self._parked_generators.get(new.req_id)))
+            parked = self._parked_generators.get(new.req_id)
+            added.append((new.req_id, parked, self._parked_matchers.get(new.req_id)))
             self._add_request(new)
         for cached in sched.cached_requests:
             state = self.states[cached.req_id]
@@ -145,10 +165,12 @@ class ModelRunner:
         def undo() -> None:
             for state, table, num_computed in previous:
                 state.block_table, state.num_computed_tokens = table, num_computed
-            for req_id, parked in added:
+            for req_id, parked, matcher in added:
                 self.states.pop(req_id, None)
                 if parked is not None:
                     self._parked_generators[req_id] = parked
+                if matcher is not None:
+                    self._parked_matchers[req_id] = matcher
 
         return undo
 
@@ -170,6 +192,9 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[batch.sample_idx])
             states = [self.states[r] for r in batch.sample_req_ids]
             params = [s.params for s in states]
+            matchers = [s.matcher for s in states]
+            if any(m is not None for m in matchers):
+                logits = self.grammar.apply(logits, matchers)
             histories = None
             if any(p.needs_logits_processing for p in params):
                 histories = [TokenHistory(s.token_ids, s.num_prompt_tokens) for s in states]
@@ -182,6 +207,8 @@ class ModelRunner:
             self.states[req_id].num_computed_tokens += n
         for state, token in zip(states, tokens, strict=True):
             state.token_ids.append(token)
+        if any(m is not None for m in matchers):
+            self.grammar.advance(matchers, tokens)
         logprobs = (
             {}
             if not sampled.logprobs

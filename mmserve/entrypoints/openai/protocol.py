@@ -16,6 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mmserve.entrypoints.openai.structured_fields import ResponseFormat, StructuredOutputsField
+from mmserve.entrypoints.openai.tool_calls import ChatTool, ToolChoice
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")  # undeclared fields are refused, not ignored
@@ -40,10 +43,23 @@ class ImageURLPart(BaseModel):
 ContentPart = Annotated[TextPart | ImageURLPart, Field(discriminator="type")]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class AssistantToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
 
 
 class StreamOptions(BaseModel):
@@ -73,6 +89,13 @@ class _SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     user: str | None = None  # OpenAI's end-user id: informational, no effect on generation
     prompt_logprobs: int | None = None  # vLLM: logprobs of the prompt tokens (not streamed)
+    # output constraints (see structured_fields; at most one per request)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -86,6 +109,9 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     # image processor settings for this request's images (checked per architecture)
     mm_processor_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def num_logprobs(self) -> int | None:

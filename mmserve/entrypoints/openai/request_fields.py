@@ -32,14 +32,8 @@ REFUSED_COMMON: dict[str, tuple[Any, ...]] = {
     "truncate_prompt_tokens": _OFF,
     "allowed_token_ids": _EMPTY,
     "bad_words": _EMPTY,
-    "response_format": (None, {"type": "text"}),
-    "guided_json": _EMPTY,
-    "guided_regex": _EMPTY,
-    "guided_choice": _EMPTY,
-    "guided_grammar": _EMPTY,
     "structural_tag": _EMPTY,
-    "structured_outputs": _EMPTY,
-    "guided_decoding_backend": _EMPTY,
+    "guided_decoding_backend": (None, "", "auto", "xgrammar"),
     "guided_whitespace_pattern": _EMPTY,
     "priority": (None, 0),
     "request_id": _OFF,
@@ -55,9 +49,6 @@ REFUSED_COMMON: dict[str, tuple[Any, ...]] = {
 }
 REFUSED_CHAT: dict[str, tuple[Any, ...]] = {
     **REFUSED_COMMON,
-    "tools": _EMPTY,
-    "tool_choice": (None, "none", "auto"),  # "auto" without tools is "none"
-    "parallel_tool_calls": (None, True, False),  # meaningless without tools (refused above)
     "functions": _EMPTY,
     "function_call": (None, "none", "auto"),
     "reasoning_effort": _OFF,

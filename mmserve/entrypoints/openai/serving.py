@@ -54,8 +54,11 @@ from mmserve.entrypoints.openai.streaming import (
     sse,
     until_disconnect,
 )
+from mmserve.entrypoints.openai.structured_fields import structured_spec
+from mmserve.entrypoints.openai.tool_calls import ToolMode
 from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
+from mmserve.structured_outputs import StructuredOutputsParams
 
 AnyRequest = ChatCompletionRequest | CompletionRequest
 _SAMPLING = {
@@ -99,11 +102,13 @@ def _render(
 
 def chat_options(req: ChatCompletionRequest) -> ChatOptions:
     """The request's chat-template fields; bad combinations are 400s before any work."""
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     try:
         return ChatOptions(
             req.add_generation_prompt,
             req.continue_final_message,
             dict(req.chat_template_kwargs or {}),
+            tools,
         )
     except ValueError as exc:
         param = "chat_template_kwargs" if "chat_template_kwargs" in str(exc) else None
@@ -143,14 +148,20 @@ class OpenAIServing:
         """/v1/chat/completions: messages -> chat template + images -> JSON or SSE."""
         self.engine.check_health()  # draining or dead: 503 before any work
         self.check_model(req.model)
-        factory = self.sampling_factory(req)
         self.check_mm_kwargs(req.mm_processor_kwargs)
+        try:
+            tools = ToolMode.of(req.tools, req.tool_choice, req.parallel_tool_calls)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="tool_choice") from None
+        constraint = structured_spec(req, tools.schema())
+        factory = self.sampling_factory(req, constraint)
         options = chat_options(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         template = self.engine.chat_template
         inp = await self.engine.run_text(
             _render, self.engine.tokenizer, messages, template, options
         )
+        await self._compile(constraint)
         rid = uuid.uuid4().hex
         gen = self.engine.generate(
             inp.prompt,
@@ -161,13 +172,14 @@ class OpenAIServing:
             req.cache_salt,
             req.mm_processor_kwargs,
         )
-        return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}")
+        return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}", tools)
 
     async def completion(self, raw: Request, req: CompletionRequest) -> Any:
         """/v1/completions: one text or token-id prompt (no images) -> JSON or SSE."""
         self.engine.check_health()
         self.check_model(req.model)
-        factory = self.sampling_factory(req)
+        constraint = structured_spec(req)
+        factory = self.sampling_factory(req, constraint)
         prompt: Any = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
@@ -180,6 +192,7 @@ class OpenAIServing:
                 f" {self.engine.max_model_len} (including at least one generated token)",
                 param="prompt",
             )
+        await self._compile(constraint)
         rid = uuid.uuid4().hex
         gen = self.engine.generate(prompt, (), None, factory, rid, req.cache_salt)
         return await self._respond(raw, req, gen, "completion", f"cmpl-{rid}")
@@ -201,7 +214,21 @@ class OpenAIServing:
         except ValueError as exc:
             raise APIError(400, str(exc), param="mm_processor_kwargs") from None
 
-    def sampling_factory(self, req: AnyRequest) -> Callable[[int], SamplingParams]:
+    async def _compile(self, constraint: tuple[str, StructuredOutputsParams] | None) -> None:
+        """Compile the output constraint in the text pool (cached by content); 400 if bad."""
+        if constraint is None:
+            return
+        name, spec = constraint
+        try:
+            await self.engine.run_text(self.engine.engine.grammar.compile, spec)
+        except ValueError as exc:
+            raise APIError(400, f"{name}: {exc}", param=name) from None
+
+    def sampling_factory(
+        self,
+        req: AnyRequest,
+        constraint: tuple[str, StructuredOutputsParams] | None = None,
+    ) -> Callable[[int], SamplingParams]:
         """Validate the sampling fields now; size max_tokens once the prompt length is known."""
         max_seqs = self.engine.engine.config.scheduler.max_num_seqs
         if req.n > max_seqs:
@@ -248,6 +275,7 @@ class OpenAIServing:
                     "logprobs": req.num_logprobs,
                     "prompt_logprobs": req.prompt_logprobs,
                     "n": req.n,
+                    "structured_outputs": constraint[1] if constraint else None,
                 }
             )
             base.check_token_ids(self.engine.engine.vocab_size)
@@ -283,20 +311,23 @@ class OpenAIServing:
         gen: AsyncIterator[RequestOutput],
         kind: str,
         rid: str,
+        tools: ToolMode | None = None,
     ) -> JSONResponse | StreamingResponse:
         try:
             if not req.stream:
                 final = await until_disconnect(raw, last_item(gen))
-                return JSONResponse(self._full_response(kind, rid, final))
+                return JSONResponse(self._full_response(kind, rid, final, tools))
             first = await until_disconnect(raw, anext(gen))
         except BaseException:
             await aclose_quietly(gen)
             raise
         return StreamingResponse(
-            self._stream(kind, rid, req, gen, first), media_type="text/event-stream"
+            self._stream(kind, rid, req, gen, first, tools), media_type="text/event-stream"
         )
 
-    def _full_response(self, kind: str, rid: str, out: RequestOutput) -> dict[str, Any]:
+    def _full_response(
+        self, kind: str, rid: str, out: RequestOutput, tools: ToolMode | None = None
+    ) -> dict[str, Any]:
         choices = []
         for comp in out.outputs:
             choice: dict[str, Any] = {
@@ -309,6 +340,14 @@ class OpenAIServing:
                 choice["logprobs"] = fmt.format(comp.logprobs, 0)
             if kind == "chat":
                 choice["message"] = {"role": "assistant", "content": comp.text}
+                if tools is not None and tools.parses:
+                    content, calls = tools.parse(comp.text)
+                    choice["message"] = {
+                        "role": "assistant",
+                        "content": content,
+                        "tool_calls": calls,
+                    }
+                    choice["finish_reason"] = tools.finish_reason(comp.finish_reason, bool(calls))
             else:
                 choice["text"] = comp.text
             choices.append(choice)
@@ -336,6 +375,7 @@ class OpenAIServing:
         req: AnyRequest,
         gen: AsyncIterator[RequestOutput],
         first: RequestOutput,
+        tools: ToolMode | None = None,
     ) -> AsyncIterator[str]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         head = {
@@ -351,18 +391,26 @@ class OpenAIServing:
                 body["usage"] = usage.model_dump() if usage is not None else None
             return sse(body)
 
+        n = len(first.outputs)
+        parsing = tools is not None and tools.parses
+        streamers = [tools.streamer() if tools is not None and parsing else None for _ in range(n)]
+        streamed = [""] * n
+
         def choice(
             index: int, text: str, finish: str | None, role: bool = False, logprobs: Any = None
         ) -> dict[str, Any]:
-            body = {"index": index, "finish_reason": finish, "logprobs": logprobs}
             if kind != "chat":
-                return {**body, "text": text}
+                return {"index": index, "finish_reason": finish, "logprobs": logprobs, "text": text}
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text or role:
+            streamer = streamers[index]
+            if streamer is not None and not role:
+                delta.update(streamer.feed(streamed[index], finish is not None))
+                if finish is not None and tools is not None:
+                    finish = tools.finish_reason(finish, streamer.called)
+            elif text or role:
                 delta["content"] = text
-            return {**body, "delta": delta}
+            return {"index": index, "finish_reason": finish, "logprobs": logprobs, "delta": delta}
 
-        n = len(first.outputs)
         fmts = [LogprobsFormatter(self.engine.tokenizer, kind) for _ in range(n)]
         trackers = [DeltaTracker(_stops(req)) for _ in range(n)]
         ended = [False] * n
@@ -377,6 +425,7 @@ class OpenAIServing:
                         continue
                     done = out.finished or comp.finish_reason is not None
                     text = trackers[i].delta(comp.text, done)
+                    streamed[i] += text
                     if text or done:
                         finish = comp.finish_reason if done else None
                         logprobs = fmts[i].next_delta(comp.logprobs)

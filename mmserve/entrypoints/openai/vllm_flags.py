@@ -42,6 +42,10 @@ VLLM_FLAGS: tuple[VLLMFlag, ...] = (
     VLLMFlag(("--enable-chunked-prefill",), "mmserve always chunks prefills", None, False),
     VLLMFlag(("--disable-log-requests", "--disable-log-stats"),
              "mmserve logs no per-request lines nor periodic stats", None, False),
+    VLLMFlag(("--enable-auto-tool-choice",),
+             "tool_choice auto is always on (Hermes-format calls are parsed)", None, False),
+    VLLMFlag(("--tool-call-parser",), "mmserve parses the Hermes tool-call format only",
+             ("hermes",)),
 )  # fmt: skip
 
 
