@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import openai
 import pytest
@@ -225,3 +226,19 @@ def test_tool_turns_in_the_history_render(client: OpenAI) -> None:
     ]
     out = chat(client, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=5)
     assert out.usage.prompt_tokens > chat(client, max_tokens=5).usage.prompt_tokens + 20
+
+
+def test_tool_calls_stream_per_choice_with_n(client: OpenAI) -> None:
+    """n > 1: each choice has its own tool-call streamer (index-tagged deltas)."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    kwargs = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": choice}
+    kwargs |= {"max_tokens": 40, "n": 2, "seed": 3, "temperature": 1.0}
+    whole = client.chat.completions.create(**kwargs).choices
+    assert sorted(c.index for c in whole) == [0, 1]
+    stream = list(client.chat.completions.create(stream=True, **kwargs))
+    for c in whole:
+        per_choice = [
+            SimpleNamespace(choices=[x for x in chunk.choices if x.index == c.index])
+            for chunk in stream
+        ]
+        assert _assembled(per_choice) == ("", _calls(c.message), "stop")
