@@ -33,16 +33,21 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.errors import EngineDeadError
+from mmserve.engine.errors import (
+    EngineDeadError,
+    EngineError,
+    EngineOverloadedError,
+    EngineShutdownError,
+    EngineStepError,
+)
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
+from mmserve.engine.output_stream import AbortCommand, AddCommand, OutputStream
 from mmserve.engine.outputs import RequestOutput
-from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
@@ -50,71 +55,6 @@ from mmserve.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 ParamsLike = SamplingParams | Callable[[int], SamplingParams]
-
-
-class EngineError(RuntimeError):
-    """Base class of the async engine's own failures."""
-
-
-class EngineOverloadedError(EngineError):
-    """More requests are queued than ``max_queued_requests`` allows (HTTP 503)."""
-
-
-class EngineShutdownError(EngineError):
-    """The engine is shutting down or its loop is not running (HTTP 503)."""
-
-
-class EngineStepError(EngineError):
-    """The engine failed while running this request (HTTP 500)."""
-
-
-class _Stream:
-    """Output slot of one request, consumed on the event loop that created it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._latest: RequestOutput | None = None
-        self._error: BaseException | None = None
-        self._event = asyncio.Event()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """Event-loop side: newer cumulative outputs replace older unread ones."""
-        if isinstance(item, BaseException):
-            self._error = self._error or item
-        else:
-            self._latest = item
-        self._event.set()
-
-    def put_threadsafe(self, item: RequestOutput | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.put, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    async def get(self) -> RequestOutput:
-        while True:
-            if self._latest is not None:
-                out, self._latest = self._latest, None
-                return out
-            if self._error is not None:
-                raise self._error
-            self._event.clear()
-            await self._event.wait()
-
-
-@dataclass
-class _Add:
-    request_id: str
-    processed: ProcessedPrompt
-    params: SamplingParams
-    prompt_text: str | None
-    stream: _Stream
-
-
-@dataclass
-class _Abort:
-    request_id: str
-    stream: _Stream | None = None  # only abort if this stream still owns the request id
 
 
 class AsyncLLMEngine:
@@ -146,8 +86,8 @@ class AsyncLLMEngine:
         self._draining = False
         self.stats = ServerMetrics(self.get_metrics)
         self._cv = threading.Condition()
-        self._inbox: deque[_Add | _Abort] = deque()
-        self._active: dict[str, _Stream] = {}  # engine thread only
+        self._inbox: deque[AddCommand | AbortCommand] = deque()
+        self._active: dict[str, OutputStream] = {}  # engine thread only
         self._snapshot: dict[str, float] = dict(engine.get_metrics())
         self._num_unfinished = 0  # event loop only: admitted generate() calls not yet ended
         self._stopping = False
@@ -264,7 +204,7 @@ class AsyncLLMEngine:
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         timer = RequestTimer(self.stats)
         self._num_unfinished += 1
-        stream: _Stream | None = None
+        stream: OutputStream | None = None
         reason = "error"
         try:
             try:
@@ -275,10 +215,10 @@ class AsyncLLMEngine:
             except ValueError:
                 reason = "rejected"
                 raise
-            stream = _Stream(asyncio.get_running_loop())
+            stream = OutputStream(asyncio.get_running_loop())
             text = prompt if isinstance(prompt, str) else None
             self._submit(
-                _Add(
+                AddCommand(
                     request_id,
                     processed,
                     params or self.engine.default_sampling_params(),
@@ -301,13 +241,13 @@ class AsyncLLMEngine:
         finally:
             self._num_unfinished -= 1
             if stream is not None:  # admitted and not finished: free its KV / encoder refs
-                self._submit(_Abort(request_id, stream))
+                self._submit(AbortCommand(request_id, stream))
             timer.finish(reason)
 
-    def _submit(self, command: _Add | _Abort) -> None:
+    def _submit(self, command: AddCommand | AbortCommand) -> None:
         with self._cv:
             if self._stopping or self._dead is not None:
-                if isinstance(command, _Add):
+                if isinstance(command, AddCommand):
                     raise EngineShutdownError("the engine is shutting down")
                 return  # the loop fails and aborts everything on its way out
             self._inbox.append(command)
@@ -345,13 +285,13 @@ class AsyncLLMEngine:
             why = f": {self._dead}" if self._dead is not None else ""
             stopped = EngineShutdownError(f"the engine stopped{why}")
             for command in leftover:
-                if isinstance(command, _Add):
+                if isinstance(command, AddCommand):
                     command.stream.put_threadsafe(stopped)
             self._fail_all(stopped)
             self._publish_snapshot()
 
-    def _apply(self, command: _Add | _Abort) -> None:
-        if isinstance(command, _Abort):
+    def _apply(self, command: AddCommand | AbortCommand) -> None:
+        if isinstance(command, AbortCommand):
             owner = self._active.get(command.request_id)
             if owner is not None and command.stream in (None, owner):
                 del self._active[command.request_id]

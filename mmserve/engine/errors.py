@@ -21,3 +21,19 @@ def is_fatal_error(exc: BaseException) -> bool:
         return False  # a batch too big: retrying smaller parts is the remedy
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(marker in text for marker in _FATAL_MARKERS)
+
+
+class EngineError(RuntimeError):
+    """Base class of the async engine's own failures."""
+
+
+class EngineOverloadedError(EngineError):
+    """More requests are queued than ``max_queued_requests`` allows (HTTP 503)."""
+
+
+class EngineShutdownError(EngineError):
+    """The engine is shutting down or its loop is not running (HTTP 503)."""
+
+
+class EngineStepError(EngineError):
+    """The engine failed while running this request (HTTP 500)."""

@@ -18,7 +18,7 @@ from PIL import Image
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mmserve.engine.async_engine import (
+from mmserve.engine.errors import (
     EngineOverloadedError,
     EngineShutdownError,
     EngineStepError,
