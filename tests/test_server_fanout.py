@@ -4,8 +4,6 @@ n = 3 image request, a disconnect aborting every child, prompt logprobs in vLLM'
 
 from __future__ import annotations
 
-import base64
-import io
 import time
 from collections.abc import Iterator
 
@@ -15,38 +13,21 @@ import pytest
 from openai import OpenAI
 
 from mmserve import LLM, SamplingParams
-from mmserve.cli import build_parser
-from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
-from tests.conftest import make_image
+from mmserve.entrypoints.openai.server import RunningServer
+from tests.openai_server import image_messages, openai_client, serve_model
 
 MODEL = "tiny-llava"
 TEXT = [{"role": "user", "content": "Tell me a story about a red cube."}]
 
 
-def _png_url(seed: int) -> str:
-    buf = io.BytesIO()
-    make_image(seed, (40, 30)).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def _image_messages(seed: int) -> list[dict]:
-    parts = [
-        {"type": "image_url", "image_url": {"url": _png_url(seed)}},
-        {"type": "text", "text": "What is in the picture?"},
-    ]
-    return [{"role": "user", "content": parts}]
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    argv = ["serve", "--model", MODEL, "--port", "0", "--uvicorn-log-level", "warning"]
-    with serve_in_thread(build_parser().parse_args(argv)) as srv:
-        yield srv
+    yield from serve_model(MODEL)
 
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 def _wait_idle(server: RunningServer, timeout: float = 10.0) -> dict[str, float]:
@@ -61,7 +42,7 @@ def _wait_idle(server: RunningServer, timeout: float = 10.0) -> dict[str, float]
 
 def test_chat_n3_with_an_image_encodes_once_and_counts_the_prompt_once(client, server):
     before = server.engine.get_metrics()
-    messages = _image_messages(3)
+    messages = image_messages(3)
     one = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=6, temperature=0
     )

@@ -4,8 +4,6 @@ under two settings is encoded twice, bad keys are 400s naming the field."""
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Iterator
 
 import httpx
@@ -13,35 +11,27 @@ import openai
 import pytest
 from openai import OpenAI
 
-from mmserve.cli import build_parser
-from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
-from tests.conftest import make_image
+from mmserve.entrypoints.openai.server import RunningServer
+from tests.openai_server import image_messages, openai_client, serve_model
 
 MODEL = "tiny-qwen2-vl"
-SMALL = {"max_pixels": 28 * 28 * 16}
 
 
 def _messages() -> list[dict]:
-    buf = io.BytesIO()
-    make_image(21, (224, 224)).save(buf, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    parts = [
-        {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": "What is in the picture?"},
-    ]
-    return [{"role": "user", "content": parts}]
+    return image_messages(21, (224, 224))
+
+
+SMALL = {"max_pixels": 28 * 28 * 16}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    argv = ["serve", "--model", MODEL, "--port", "0", "--uvicorn-log-level", "warning"]
-    with serve_in_thread(build_parser().parse_args(argv)) as srv:
-        yield srv
+    yield from serve_model(MODEL)
 
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 def test_two_settings_of_one_image(client, server):

@@ -12,10 +12,10 @@ import pytest
 from openai import OpenAI
 
 from mmserve import LLM, SamplingParams
-from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from mmserve.entrypoints.openai.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
-from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
+from mmserve.entrypoints.openai.server import RunningServer
+from tests.openai_server import openai_client, serve_model
 
 MODEL = "tiny-llava"
 MESSAGES = [{"role": "user", "content": "Tell me a story about a red cube."}]
@@ -23,14 +23,12 @@ MESSAGES = [{"role": "user", "content": "Tell me a story about a red cube."}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    argv = ["serve", "--model", MODEL, "--port", "0", "--uvicorn-log-level", "warning"]
-    with serve_in_thread(build_parser().parse_args(argv)) as srv:
-        yield srv
+    yield from serve_model(MODEL)
 
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ config (``Qwen2_5_VLConfig``: SwiGLU/RMSNorm vision tower with window attention)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from .qwen2_vl import IDS, Qwen2VLPresetSpec
+from .qwen2_vl import Qwen2VLPresetSpec
 
 
 @dataclass(frozen=True)
@@ -25,10 +24,10 @@ class Qwen2_5_VLPresetSpec(Qwen2VLPresetSpec):
     fullatt_block_indexes: tuple[int, ...] = (1,)
 
     model_class: ClassVar[type] = Qwen2_5_VLForConditionalGeneration
+    config_class: ClassVar[type] = Qwen2_5_VLConfig
 
-    def make_config(self) -> Qwen2_5_VLConfig:  # type: ignore[override]
-        """The ``Qwen2_5_VLConfig`` with its vision and text sub-configs."""
-        vision = dict(
+    def vision_config(self) -> dict[str, Any]:
+        return dict(
             depth=self.vision_depth,
             hidden_size=self.vision_embed_dim,
             out_hidden_size=self.text_hidden,
@@ -43,37 +42,6 @@ class Qwen2_5_VLPresetSpec(Qwen2VLPresetSpec):
             fullatt_block_indexes=list(self.fullatt_block_indexes),
             tokens_per_second=2,
         )
-        text = dict(
-            vocab_size=self.vocab_size,
-            hidden_size=self.text_hidden,
-            intermediate_size=self.text_intermediate,
-            num_hidden_layers=self.text_layers,
-            num_attention_heads=self.text_heads,
-            num_key_value_heads=self.text_kv_heads,
-            hidden_act="silu",
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=1e-6,
-            use_sliding_window=False,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 1000000.0,
-                "mrope_section": list(self.mrope_section),
-            },
-            bos_token_id=None,
-            eos_token_id=IDS["<|im_end|>"],
-            pad_token_id=IDS["<|endoftext|>"],
-        )
-        config = Qwen2_5_VLConfig(
-            vision_config=vision,
-            text_config=text,
-            image_token_id=IDS["<|image_pad|>"],
-            video_token_id=IDS["<|video_pad|>"],
-            vision_start_token_id=IDS["<|vision_start|>"],
-            vision_end_token_id=IDS["<|vision_end|>"],
-            tie_word_embeddings=False,
-        )
-        config.dtype = torch.float32
-        return config
 
 
 QWEN2_5_VL_PRESETS: dict[str, Qwen2_5_VLPresetSpec] = {

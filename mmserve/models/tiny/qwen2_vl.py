@@ -50,15 +50,15 @@ class Qwen2VLPresetSpec:
 
     flavor: ClassVar[TokenizerFlavor] = QWEN2_VL
     model_class: ClassVar[type] = Qwen2VLForConditionalGeneration
+    config_class: ClassVar[type] = Qwen2VLConfig
 
     def __post_init__(self) -> None:
         half_head = self.text_hidden // self.text_heads // 2
         if sum(self.mrope_section) != half_head:
             raise ValueError(f"mrope_section {self.mrope_section} must sum to {half_head}")
 
-    def make_config(self) -> Qwen2VLConfig:
-        """The ``Qwen2VLConfig`` with its vision and text sub-configs."""
-        vision = dict(
+    def vision_config(self) -> dict[str, Any]:
+        return dict(
             depth=self.vision_depth,
             embed_dim=self.vision_embed_dim,
             hidden_size=self.text_hidden,
@@ -70,7 +70,9 @@ class Qwen2VLPresetSpec:
             spatial_merge_size=self.merge_size,
             temporal_patch_size=self.temporal_patch_size,
         )
-        text = dict(
+
+    def text_config(self) -> dict[str, Any]:
+        return dict(
             vocab_size=self.vocab_size,
             hidden_size=self.text_hidden,
             intermediate_size=self.text_intermediate,
@@ -90,9 +92,12 @@ class Qwen2VLPresetSpec:
             eos_token_id=IDS["<|im_end|>"],
             pad_token_id=IDS["<|endoftext|>"],
         )
-        config = Qwen2VLConfig(
-            vision_config=vision,
-            text_config=text,
+
+    def make_config(self) -> Any:
+        """The HF config (``config_class``) with its vision and text sub-configs."""
+        config = self.config_class(
+            vision_config=self.vision_config(),
+            text_config=self.text_config(),
             image_token_id=IDS["<|image_pad|>"],
             video_token_id=IDS["<|video_pad|>"],
             vision_start_token_id=IDS["<|vision_start|>"],
