@@ -110,10 +110,11 @@ class Request:
         """Finished status implied by the last generated token, or None to keep going."""
         params = self.sampling_params
         last = self.output_token_ids[-1]
-        below_min = len(self.output_token_ids) < params.min_tokens  # EOS / stop ids masked
-        if not below_min and not params.ignore_eos and last in self.eos_token_ids:
+        # below min_tokens the sampler masks EOS / stop ids unless nothing else is allowed (a
+        # complete grammar): one sampled there ends the request like any other
+        if not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if not below_min and last in params.stop_token_ids:
+        if last in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if params.max_tokens is not None and len(self.output_token_ids) >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH

@@ -167,3 +167,13 @@ def test_matcher_survives_preemption() -> None:
     assert small.engine.scheduler.counters["num_preemptions"] > 0
     for out in outs:
         assert out.outputs[0].text == "ab " * 40 + "end"
+
+
+def test_a_grammar_that_completes_before_min_tokens_ends_the_request(llm: LLM) -> None:
+    """The grammar allows only EOS once it is complete; min_tokens bans EOS until then. The
+    grammar wins (the output stays valid and ends), instead of every token being masked."""
+    spec = StructuredOutputsParams(choice=["Paris", "Rome"])
+    short = llm.generate("Pick a city:", _constrained(spec))[0].outputs[0]
+    params = SamplingParams(temperature=0, max_tokens=30, min_tokens=20, structured_outputs=spec)
+    out = llm.generate("Pick a city:", params)[0].outputs[0]
+    assert out.token_ids == short.token_ids and out.finish_reason == "stop"

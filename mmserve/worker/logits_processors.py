@@ -41,7 +41,9 @@ def apply_min_tokens(
     histories: list[TokenHistory],
     eos_token_ids: frozenset[int],
 ) -> None:
-    """Mask EOS (unless ignore_eos) and stop_token_ids while a row is below min_tokens."""
+    """Mask EOS (unless ignore_eos) and stop_token_ids while a row is below min_tokens, except
+    in a row where they are all that is left (a grammar that is complete allows only EOS: it
+    ends the request rather than every token being masked)."""
     banned = []
     for p, hist in zip(params, histories, strict=True):
         stops: list[int] = []
@@ -50,7 +52,12 @@ def apply_min_tokens(
         banned.append(stops)
     if any(banned):
         rows, tokens = _row_scatter_index(banned, logits.device)
-        logits.index_put_((rows, tokens), torch.tensor(float("-inf"), device=logits.device))
+        allowed = torch.isfinite(logits)
+        allowed[rows, tokens] = False
+        keep = allowed.any(-1)[rows]
+        logits.index_put_(
+            (rows[keep], tokens[keep]), torch.tensor(float("-inf"), device=logits.device)
+        )
 
 
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> None:
