@@ -54,10 +54,14 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """One conversation or a list of them, rendered with the engine's chat template (or
-        ``chat_template``, the template text); the other options are vLLM's (``ChatOptions``).
-        ``max_tokens`` unset: the room left in the context."""
+        ``chat_template``, the template text); the other options are vLLM's (``ChatOptions``;
+        ``tools``: OpenAI function definitions for the template; ``mm_processor_kwargs``: image
+        processor settings for these conversations' images). ``max_tokens`` unset: the room
+        left in the context."""
         conversations = cast(
             list[list[dict[str, Any]]],
             messages if messages and isinstance(messages[0], list) else [messages],
@@ -67,13 +71,15 @@ class LLM:
             model_type = getattr(self.engine.config.model.hf_config, "model_type", None)
             template = ChatTemplate.of(chat_template, "chat_template", model_type)
         options = ChatOptions(
-            add_generation_prompt, continue_final_message, dict(chat_template_kwargs or {})
+            add_generation_prompt, continue_final_message, dict(chat_template_kwargs or {}), tools
         )
         tokenizer = self.engine.tokenizer
         inputs = [
             chat_to_prompt(tokenizer, conversation, None, template, options)
             for conversation in conversations
         ]
+        for inp in inputs:
+            inp.mm_processor_kwargs = mm_processor_kwargs
         return self._run(inputs, sampling_params, use_tqdm)
 
     def _run(
