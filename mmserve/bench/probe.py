@@ -12,7 +12,6 @@ the OS and RSS tracks live tensors; ``--no-mallopt`` keeps the allocator as it i
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import threading
@@ -26,10 +25,10 @@ from mmserve.bench.harness import add_priority_arg, apply_priority, engine_versi
 from mmserve.bench.images import RESOLUTIONS, png_bytes
 from mmserve.bench.report import markdown_table, plot_lines, save
 from mmserve.bench.runners import MmserveRunner, add_engine_args, processor_kwargs_for
+from mmserve.engine.malloc_tuning import set_malloc
 from mmserve.engine_args import EngineArgs
 
 MODES = {"mmserve": True, "mmserve-nocache": False}
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -44,17 +43,9 @@ def rss_bytes() -> int:
 
 def fix_mmap_threshold(nbytes: int = 64 * 1024) -> bool:
     """Large blocks via mmap (returned on free), so RSS follows live tensors; the heap trimmed
-    and padded as glibc's defaults do (the engine's ``tune_malloc`` keeps freed memory instead,
-    so this is applied again after each engine starts). glibc only."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-        return bool(
-            mallopt(M_MMAP_THRESHOLD, nbytes)
-            and mallopt(M_TRIM_THRESHOLD, 128 * 1024)
-            and mallopt(M_TOP_PAD, 128 * 1024)
-        )
-    except (OSError, AttributeError):
-        return False
+    and padded as glibc's defaults do. Applied after each engine starts, after any engine-side
+    ``MMSERVE_MALLOC_TUNING``. glibc only."""
+    return set_malloc(nbytes, 128 * 1024, 128 * 1024)
 
 
 class EncoderMeter:

@@ -35,6 +35,23 @@ ENV = "MMSERVE_MALLOC_TUNING"
 _applied: bool | None = None
 
 
+def set_malloc(mmap_threshold: int, trim_threshold: int, top_pad: int) -> bool:
+    """glibc's ``mallopt`` for the three settings (True if all were accepted, False outside
+    glibc). Fixing the mmap threshold also turns off glibc's dynamic one."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc
+    return all(
+        mallopt(param, value) == 1
+        for param, value in (
+            (M_MMAP_THRESHOLD, mmap_threshold),
+            (M_TRIM_THRESHOLD, trim_threshold),
+            (M_TOP_PAD, top_pad),
+        )
+    )
+
+
 def tune_malloc() -> bool:
     """Apply the settings once per process if ``MMSERVE_MALLOC_TUNING=1`` (True if glibc
     accepted them). Idempotent; a later ``mallopt`` (e.g. the encoder-memory probe's) still
@@ -45,20 +62,7 @@ def tune_malloc() -> bool:
     _applied = False
     if os.environ.get(ENV, "0") != "1":
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc
-    ok = all(
-        mallopt(param, value) == 1
-        for param, value in (
-            (M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX),
-            (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-            (M_TOP_PAD, TOP_PAD),
-        )
-    )
-    if not ok:
+    _applied = set_malloc(MMAP_THRESHOLD_MAX, TRIM_THRESHOLD, TOP_PAD)
+    if not _applied:
         logger.debug("glibc rejected a malloc setting; allocator left partly at its defaults")
-    _applied = ok
-    return ok
+    return _applied
