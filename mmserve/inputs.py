@@ -35,23 +35,37 @@ class ProcessedPrompt:
     mm_items: list[MultiModalItem]
 
 
+@dataclass(frozen=True)
+class VideoFrames:
+    """One decoded video as the processors take it: the sampled frames (``[T, H, W, 3]`` uint8
+    array or a list of PIL images, in time order), the rate they were sampled at and each
+    frame's time in seconds from the start (Qwen2.5-VL's absolute-time positions and Qwen3-VL's
+    timestamps come from these)."""
+
+    frames: Any
+    fps: float
+    timestamps: tuple[float, ...]
+
+
 @dataclass
 class PromptInput:
-    """One prompt as the APIs take it: text or token ids, its images (any source admission
-    reads) in prompt order, optional per-image uuids, the tenant's cache salt and this
-    prompt's image processor settings (``mm_processor_kwargs``, merged over the engine's)."""
+    """One prompt as the APIs take it: text or token ids, its images and videos (any source
+    admission reads; a video may also be a ``VideoFrames`` or a list of frames) in prompt
+    order, optional per-image uuids, the tenant's cache salt and this prompt's processor
+    settings (``mm_processor_kwargs``, merged over the engine's)."""
 
     prompt: str | list[int]
     images: list[Any] = field(default_factory=list)
     uuids: list[str | None] | None = None
     cache_salt: str | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    videos: list[Any] = field(default_factory=list)
 
     @classmethod
     def of(cls, prompt: Any) -> PromptInput:
-        """A str / token-id list / ``{"prompt" | "prompt_token_ids", "images" |
-        "multi_modal_data", "uuids", "cache_salt", "mm_processor_kwargs"}`` dict ->
-        PromptInput."""
+        """A str / token-id list / ``{"prompt" | "prompt_token_ids", "images" | "videos" |
+        "multi_modal_data" ({"image": ..., "video": ...}), "uuids", "cache_salt",
+        "mm_processor_kwargs"}`` dict -> PromptInput."""
         if isinstance(prompt, cls):
             return prompt
         if isinstance(prompt, (str, list)):
@@ -60,13 +74,21 @@ class PromptInput:
             text = prompt.get("prompt", prompt.get("prompt_token_ids"))
             if text is None:
                 raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-            images = prompt.get("images", prompt.get("multi_modal_data", {}).get("image", []))
+            mm_data = prompt.get("multi_modal_data", {})
+            images = prompt.get("images", mm_data.get("image", []))
             images = list(images) if isinstance(images, (list, tuple)) else [images]
+            videos = prompt.get("videos", mm_data.get("video", []))
+            # one video may itself be a list of frames: a list of lists is several videos
+            if not isinstance(videos, (list, tuple)) or (
+                videos and not isinstance(videos[0], (list, tuple, VideoFrames, str, bytes))
+            ):
+                videos = [videos]
             return cls(
                 text,
                 images,
                 prompt.get("uuids"),
                 prompt.get("cache_salt"),
                 prompt.get("mm_processor_kwargs"),
+                list(videos),
             )
         raise ValueError(f"unsupported prompt of type {type(prompt).__name__}")
