@@ -98,7 +98,12 @@ class LLM:
             )
         processed = [  # validate all first
             self.engine.process_inputs(
-                inp.prompt, inp.images, inp.uuids, inp.cache_salt, inp.mm_processor_kwargs
+                inp.prompt,
+                inp.images,
+                inp.uuids,
+                inp.cache_salt,
+                inp.mm_processor_kwargs,
+                inp.videos,
             )
             for inp in inputs
         ]

@@ -10,13 +10,21 @@ import numpy as np
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.inputs import MultiModalItem, ProcessedPrompt, VideoFrames
 from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
+from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.video_source import (
+    VIDEO_ARCHITECTURES,
+    VideoLoader,
+    VideoMemo,
+    is_encoded,
+    video_memo_key,
+)
 
 
 class InputProcessor:
@@ -35,15 +43,23 @@ class InputProcessor:
         max_images: int,
         media_policy: MediaFetchPolicy,
         load_image_processor: Callable[[dict[str, Any]], Any] | None = None,
+        max_videos: int = 0,
     ) -> None:
         """``load_image_processor``: merged processor kwargs -> image processor (needed for
-        per-request ``mm_processor_kwargs``)."""
+        per-request ``mm_processor_kwargs``); ``max_videos``: videos per prompt."""
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.max_images = max_images
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
+        self.max_videos = max_videos
+        self.accepts_videos = model_config.architecture in VIDEO_ARCHITECTURES
+        sampling = VideoSampling.from_checkpoint(
+            model_config.path, image_processor, model_config.processor_kwargs
+        )
+        self.videos = VideoLoader(media_policy, sampling)
+        self.video_memo = VideoMemo()
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -115,11 +131,50 @@ class InputProcessor:
                 " (limit_mm_per_prompt)"
             )
 
+    def check_num_videos(self, count: int) -> None:
+        if count and not self.accepts_videos:
+            raise ValueError(
+                f"this model ({self.model_config.architecture}) does not accept videos"
+            )
+        if count > self.max_videos:
+            raise ValueError(
+                f"{count} videos exceed the limit of {self.max_videos} per prompt"
+                " (limit_mm_per_prompt)"
+            )
+
     def check_mm_kwargs(self, mm_kwargs: Any) -> dict[str, Any] | None:
         """A request's ``mm_processor_kwargs`` merged over the engine's, or None when they
         change nothing; ValueError naming the field for bad keys or values."""
         mc = self.model_config
-        return check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
+        merged = check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
+        if merged is not None and self.accepts_videos:
+            self.videos.sampling_for(merged)  # checks the video settings they make
+        return merged
+
+    def video_sampling(self, mm_kwargs: Any = None) -> VideoSampling:
+        """The frame sampling of a request with these ``mm_processor_kwargs``."""
+        return self.videos.sampling_for(self.check_mm_kwargs(mm_kwargs))
+
+    def load_video(
+        self, source: Any, cache_salt: str | None = None, mm_kwargs: Any = None
+    ) -> VideoFrames:
+        """Read, decode and sample one video (any ``video_source`` input; frames are checked),
+        or take it from the memo when these exact bytes were seen before by the same tenant
+        with the same sampling. Thread-safe; blocking (never call it on the event loop)."""
+        if not self.accepts_videos:
+            raise ValueError(
+                f"this model ({self.model_config.architecture}) does not accept videos"
+            )
+        sampling = self.video_sampling(mm_kwargs)
+        if not is_encoded(source):
+            return self.videos.load(source, sampling)
+        raw = source if isinstance(source, bytes) else self.videos.read(source)
+        key = video_memo_key(raw, sampling, cache_salt)
+        video = self.video_memo.get(key)
+        if video is None:
+            video = self.videos.load(raw, sampling)
+            self.video_memo.put(key, video)
+        return video
 
     def item_key(
         self,

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mmserve.arg_types import parse_bytes
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.limits import add_limit_flags
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
@@ -115,7 +116,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         " GIL); 0 runs them in threads of the server process (default: half the cores, at"
         " least 1, at most 4)",
     )
-    m = p.add_argument_group("media fetching (image URLs)")
+    m = p.add_argument_group("media fetching (image and video URLs)")
     m.add_argument(
         "--allowed-local-media-path",
         default=None,
@@ -147,6 +148,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=16,
         help="image downloads in flight at once (default: %(default)s)",
+    )
+    m.add_argument(
+        "--max-video-bytes",
+        type=parse_bytes,
+        default=None,
+        help="largest video accepted from any source (URL, data URL, file), e.g. 256MiB"
+        " (default: 128 MiB; images: 20 MiB)",
     )
     add_limit_flags(p)
     engine = p.add_argument_group("engine (the same names as LLM(...) arguments)")
@@ -207,6 +215,7 @@ def media_policy(args: argparse.Namespace) -> Any:
         allowed_local_path=local,
         total_timeout_s=args.media_fetch_timeout,
         max_concurrent_fetches=args.max_concurrent_media_fetches,
+        **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),
     )
 
 
