@@ -169,3 +169,56 @@ def test_containers_that_open_other_files_are_refused(
     hls = b"#EXTM3U\n#EXT-X-TARGETDURATION:3\n#EXTINF:3,\nx.mp4\n#EXT-X-ENDLIST\n"
     with pytest.raises(ValueError, match="could not decode the video"):
         decode_video(hls, VideoSampling())
+
+
+def _with_audio(video: bool) -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        sound = out.add_stream("aac", rate=16000)
+        picture = out.add_stream("libx264", rate=30) if video else None
+        if picture is not None:
+            picture.width, picture.height, picture.pix_fmt = 64, 48, "yuv420p"
+        for i in range(30):
+            chunk = av.AudioFrame.from_ndarray(
+                np.zeros((1, 1024), np.float32), format="fltp", layout="mono"
+            )
+            chunk.sample_rate, chunk.pts = 16000, i * 1024
+            out.mux(sound.encode(chunk))
+            if picture is not None:
+                level = np.full((48, 64, 3), 255 if i == 20 else 0, np.uint8)
+                out.mux(picture.encode(av.VideoFrame.from_ndarray(level, format="rgb24")))
+        out.mux(sound.encode())
+        if picture is not None:
+            out.mux(picture.encode())
+    return buf.getvalue()
+
+
+def test_audio_is_skipped_and_audio_only_files_are_refused() -> None:
+    video = decode_video(_with_audio(True), VideoSampling(fps=None, num_frames=30))
+    assert video.frames.shape == (30, 48, 64, 3)
+    assert [int(f.mean() > 128) for f in video.frames].index(1) == 20
+    with pytest.raises(ValueError, match="no video stream"):
+        decode_video(_with_audio(False), VideoSampling())
+
+
+@pytest.mark.parametrize("container,codec", [("mp4", "libx264"), ("webm", "libvpx")])
+def test_damaged_videos_decode_or_are_value_errors(container: str, codec: str) -> None:
+    """Random byte changes anywhere: frames of the sampled shape or a ValueError, nothing else
+    (a damaged codec id once gave an AttributeError)."""
+    data = make_video(90, 30, container=container, codec=codec)
+    rng = np.random.default_rng(7)
+    outcomes = set()
+    for _ in range(150):
+        damaged = bytearray(data)
+        for _ in range(int(rng.integers(1, 20))):
+            damaged[int(rng.integers(0, len(damaged)))] = int(rng.integers(0, 256))
+        try:
+            video = decode_video(bytes(damaged), VideoSampling())
+        except ValueError:
+            outcomes.add("refused")
+        else:
+            frames = video.frames  # a damaged header may name another size: that one
+            assert frames.dtype == np.uint8 and frames.ndim == 4 and frames.shape[3] == 3
+            assert len(video.timestamps) == len(frames) >= 1
+            outcomes.add("decoded")
+    assert outcomes == {"refused", "decoded"}

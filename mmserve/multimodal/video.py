@@ -147,7 +147,10 @@ def decode_video(
 def _video_stream(container: Any) -> Any:
     if not container.streams.video:
         raise ValueError("could not decode the video (it has no video stream)")
-    return container.streams.video[0]
+    stream = container.streams.video[0]
+    if stream.codec_context is None:
+        raise ValueError("could not decode the video (no decoder for its codec)")
+    return stream
 
 
 def _decode(
