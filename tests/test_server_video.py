@@ -111,6 +111,11 @@ def test_decoded_frames_reach_the_engine(
     assert "<|vision_start|><|video_pad|><|vision_end|>" in prompt
     assert [frame_index(f) for f in video.frames] == [0, 22, 45, 67]
     assert video.timestamps == pytest.approx([0, 22 / 30, 1.5, 67 / 30])
+    vllm_style = {"fps": 0.5, "do_sample_frames": True}  # as vLLM's Qwen examples send it
+    assert (
+        post(server, video_messages(VIDEO_URL), mm_processor_kwargs=vllm_style).status_code == 200
+    )
+    assert [frame_index(f) for f in seen[-1][1][0].frames] == [0, 22, 45, 67]  # min_frames 4
 
 
 def test_video_count_and_settings_are_checked_before_any_fetch(

@@ -87,6 +87,9 @@ def test_sampling_settings_checked_and_merged() -> None:
     assert base.with_kwargs({"num_frames": 8}) == VideoSampling(fps=None, num_frames=8)
     assert base.with_kwargs({"num_frames": 8}).with_kwargs({"fps": 1}).num_frames is None
     assert base.with_kwargs({"min_pixels": 100}) is base  # image keys are not sampling keys
+    assert base.with_kwargs({"do_sample_frames": True}) is base  # what vLLM clients send
+    with pytest.raises(ValueError, match="do_sample_frames must be true"):
+        base.with_kwargs({"do_sample_frames": False})
     with pytest.raises(ValueError, match="fps and num_frames"):
         base.with_kwargs({"fps": 1.0, "num_frames": 4})
     for bad in ({"fps": 0}, {"fps": "2"}, {"fps": float("inf")}, {"max_frames": 0},

@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
-#: the ``mm_processor_kwargs`` keys that change frame sampling (not the image processor)
-VIDEO_KWARGS = ("fps", "num_frames", "min_frames", "max_frames")
+#: the ``mm_processor_kwargs`` keys of frame sampling (not the image processor's);
+#: ``do_sample_frames`` (vLLM clients send ``true``) may only be true: frames are always sampled
+VIDEO_KWARGS = ("fps", "num_frames", "min_frames", "max_frames", "do_sample_frames")
+_FIELDS = ("fps", "num_frames", "min_frames", "max_frames", "temporal_patch_size")
 VIDEO_CONFIG_FILE = "video_preprocessor_config.json"
 
 
@@ -72,8 +74,7 @@ class VideoSampling:
         config = path / VIDEO_CONFIG_FILE if path is not None else None
         if config is not None and config.is_file():
             saved = json.loads(config.read_text())
-            fields = (*VIDEO_KWARGS, "temporal_patch_size")
-            settings.update({k: saved[k] for k in fields if saved.get(k) is not None})
+            settings.update({k: saved[k] for k in _FIELDS if saved.get(k) is not None})
             if "num_frames" in settings:
                 settings.setdefault("fps", None)
         return cls(**settings).with_kwargs(kwargs)
@@ -82,6 +83,12 @@ class VideoSampling:
         """These settings with the video keys of ``kwargs`` (merged processor kwargs) applied;
         ``num_frames`` replaces ``fps`` and the other way round; both at once is an error."""
         changes = {k: v for k, v in (kwargs or {}).items() if k in VIDEO_KWARGS}
+        sample = changes.pop("do_sample_frames", True)
+        if sample is not True:
+            raise ValueError(
+                f"mm_processor_kwargs: do_sample_frames must be true (frames are always sampled"
+                f" by fps or num_frames), got {sample!r}"
+            )
         if not changes:
             return self
         if changes.get("fps") is not None and changes.get("num_frames") is not None:
