@@ -14,8 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
+from mmserve.cli import build_parser
 from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.entrypoints.openai.cli_args import media_policy
 from mmserve.inputs import ProcessedPrompt, VideoFrames
 from mmserve.multimodal.media import ImageTooLargeError, VideoTooLargeError
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchError, MediaFetchPolicy
@@ -88,6 +90,13 @@ def test_video_urls_follow_the_ssrf_policy() -> None:
             with pytest.raises(MediaFetchError, match=f"^could not fetch video from {inward}$"):
                 fetcher.load_blocking(inward, "video")
         assert bait.connections == 0
+
+
+def test_max_video_bytes_flag() -> None:
+    args = build_parser().parse_args(["serve", "--max-video-bytes", "1MiB"])
+    assert media_policy(args).max_video_bytes == 1 << 20
+    default = media_policy(build_parser().parse_args(["serve"]))
+    assert default.max_video_bytes == 128 << 20 and default.max_bytes == 20 << 20
 
 
 # ---------------------------------------------------------------- admission

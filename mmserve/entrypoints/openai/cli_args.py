@@ -112,9 +112,9 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--media-workers",
         type=int,
         default=None,
-        help="worker processes that decode, hash and preprocess images (niced, off the server's"
-        " GIL); 0 runs them in threads of the server process (default: half the cores, at"
-        " least 1, at most 4)",
+        help="worker processes that decode, hash and preprocess images and decode videos"
+        " (niced, off the server's GIL); 0 runs them in threads of the server process"
+        " (default: half the cores, at least 1, at most 4)",
     )
     m = p.add_argument_group("media fetching (image and video URLs)")
     m.add_argument(
