@@ -84,8 +84,8 @@ class MediaWorkers:
                     preparer.image_processor,
                     preparer.media_policy,
                     preparer.preprocessing,
-                    self.processor.videos.sampling,
-                    self.processor.videos.limits,
+                    self.processor.video_loader.sampling,
+                    self.processor.video_loader.limits,
                 ),
             )
 

@@ -58,7 +58,7 @@ class InputProcessor:
         sampling = VideoSampling.from_checkpoint(
             model_config.path, image_processor, model_config.processor_kwargs
         )
-        self.videos = VideoLoader(media_policy, sampling)
+        self.video_loader = VideoLoader(media_policy, sampling)
         self.video_memo = VideoMemo()
 
     @property
@@ -148,12 +148,12 @@ class InputProcessor:
         mc = self.model_config
         merged = check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
         if merged is not None and self.accepts_videos:
-            self.videos.sampling_for(merged)  # checks the video settings they make
+            self.video_loader.sampling_for(merged)  # checks the video settings they make
         return merged
 
     def video_sampling(self, mm_kwargs: Any = None) -> VideoSampling:
         """The frame sampling of a request with these ``mm_processor_kwargs``."""
-        return self.videos.sampling_for(self.check_mm_kwargs(mm_kwargs))
+        return self.video_loader.sampling_for(self.check_mm_kwargs(mm_kwargs))
 
     def load_video(
         self, source: Any, cache_salt: str | None = None, mm_kwargs: Any = None
@@ -167,12 +167,12 @@ class InputProcessor:
             )
         sampling = self.video_sampling(mm_kwargs)
         if not is_encoded(source):
-            return self.videos.load(source, sampling)
-        raw = source if isinstance(source, bytes) else self.videos.read(source)
+            return self.video_loader.load(source, sampling)
+        raw = source if isinstance(source, bytes) else self.video_loader.read(source)
         key = video_memo_key(raw, sampling, cache_salt)
         video = self.video_memo.get(key)
         if video is None:
-            video = self.videos.load(raw, sampling)
+            video = self.video_loader.load(raw, sampling)
             self.video_memo.put(key, video)
         return video
 
