@@ -26,6 +26,7 @@ from tests.openai_server import openai_client, serve_model
 from tests.video_helpers import frame_index, make_video
 
 MODEL = "tiny-qwen2-vl"
+VIDEO_PROCESSING = "videos" in inspect.signature(InputProcessor.process).parameters
 VIDEO = make_video(90, 30)
 VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(VIDEO).decode()
 # Qwen2-VL's own template's content loop (the tiny preset's template renders images only)
@@ -96,26 +97,38 @@ def test_video_parts_reach_the_template_as_video_placeholders() -> None:
 def test_decoded_frames_reach_the_engine(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    admission = server.engine.admission
+    decoded: list[VideoFrames] = []
+    real_decode = admission.decode_video
+
+    async def decode(*args: Any) -> VideoFrames:
+        decoded.append(await real_decode(*args))
+        return decoded[-1]
+
+    monkeypatch.setattr(admission, "decode_video", decode)
+    prompts: list[str] = []
     engine = server.engine.engine
-    seen: list[tuple[str, list[VideoFrames]]] = []
     real = engine.process_inputs
 
     def process(prompt: Any, images: Any, uuids: Any, salt: Any, kwargs: Any, videos: Any = ()):
-        seen.append((prompt, list(videos)))
-        return real("a plain prompt", [], None, salt, None)  # what video-core's part would do
+        prompts.append(prompt)
+        assert len(videos) == 1
+        return real("a plain prompt", [], None, salt, None)  # until video-core's part is merged
 
-    monkeypatch.setattr(engine, "process_inputs", process)
+    if not VIDEO_PROCESSING:
+        monkeypatch.setattr(engine, "process_inputs", process)
     reply = post(server, video_messages(VIDEO_URL), mm_processor_kwargs={"num_frames": 4})
     assert reply.status_code == 200, reply.text
-    ((prompt, (video,)),) = seen
-    assert "<|vision_start|><|video_pad|><|vision_end|>" in prompt
+    (video,) = decoded
     assert [frame_index(f) for f in video.frames] == [0, 22, 45, 67]
     assert video.timestamps == pytest.approx([0, 22 / 30, 1.5, 67 / 30])
+    if prompts:
+        assert "<|vision_start|><|video_pad|><|vision_end|>" in prompts[0]
     vllm_style = {"fps": 0.5, "do_sample_frames": True}  # as vLLM's Qwen examples send it
     assert (
         post(server, video_messages(VIDEO_URL), mm_processor_kwargs=vllm_style).status_code == 200
     )
-    assert [frame_index(f) for f in seen[-1][1][0].frames] == [0, 22, 45, 67]  # min_frames 4
+    assert [frame_index(f) for f in decoded[-1].frames] == [0, 22, 45, 67]  # min_frames 4
 
 
 def test_video_count_and_settings_are_checked_before_any_fetch(
@@ -156,7 +169,7 @@ def test_bad_videos_are_openai_errors(
 
 
 @pytest.mark.skipif(
-    "videos" not in inspect.signature(InputProcessor.process).parameters,
+    not VIDEO_PROCESSING,
     reason="InputProcessor.process takes no videos yet (video-core's processing is not merged)",
 )
 def test_video_chat_end_to_end(server: RunningServer, tmp_path: Path) -> None:

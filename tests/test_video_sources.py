@@ -113,7 +113,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMEngine]:
 
 
 class Handed:
-    """Stands in for ``process_inputs`` (video-core's): records what admission hands over."""
+    """Stands in for ``process_inputs`` (video-core's processing): records what admission
+    hands over."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
@@ -123,27 +124,53 @@ class Handed:
         return ProcessedPrompt([1, 2, 3], [])
 
 
+def spy_decodes(admission: Admission) -> list[VideoFrames]:
+    """The videos ``admission`` decodes, in request order (each task starts in order)."""
+    decoded: list[Any] = []
+    real = admission.decode_video
+
+    async def decode(*args: Any) -> VideoFrames:
+        slot = len(decoded)
+        decoded.append(None)
+        decoded[slot] = await real(*args)
+        return decoded[slot]
+
+    admission.decode_video = decode  # type: ignore[method-assign]
+    return decoded
+
+
 def admit(
-    engine: LLMEngine, videos: list[Any], mm_kwargs: Any = None, **kwargs: Any
+    engine: LLMEngine,
+    videos: list[Any],
+    mm_kwargs: Any = None,
+    *,
+    fetcher: MediaFetcher | None = None,
+    workers: MediaWorkers | None = None,
+    salt: str | None = None,
+    handed: Handed | None = None,
 ) -> list[VideoFrames]:
-    handed = Handed()
-    fetcher = kwargs.pop("fetcher", None) or MediaFetcher(engine.processor.media_policy)
-    admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, kwargs.pop("workers", None))
+    """Admit one prompt with ``videos`` (``process_inputs`` stubbed); the decoded videos."""
+    fetcher = fetcher or MediaFetcher(engine.processor.media_policy)
+    admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, workers)
+    decoded = spy_decodes(admission)
+    handed = handed or Handed()
     original = engine.process_inputs
     engine.process_inputs = handed  # type: ignore[method-assign]
     try:
-        asyncio.run(admission.admit(PROMPT, [], None, kwargs.get("salt"), mm_kwargs, videos))
+        asyncio.run(admission.admit(PROMPT, [], None, salt, mm_kwargs, videos))
     finally:
         engine.process_inputs = original  # type: ignore[method-assign]
         admission.shutdown()
-    (call,) = handed.calls
-    assert call[0] == PROMPT and list(call[1]) == [] and call[4] == mm_kwargs
-    return list(call[5])
+    return decoded
 
 
-def test_admission_hands_decoded_frames_to_the_engine(engine: LLMEngine) -> None:
+def test_admission_decodes_and_hands_the_videos_to_the_engine(engine: LLMEngine) -> None:
     root = engine.processor.media_policy.allowed_local_path
-    (data_url, path) = admit(engine, [VIDEO_URL, f"{root}/clip.mp4"])
+    handed = Handed()
+    (data_url, path) = admit(engine, [VIDEO_URL, f"{root}/clip.mp4"], handed=handed)
+    ((prompt, images, uuids, salt, kwargs, videos),) = handed.calls
+    assert (prompt, list(images), uuids, salt, kwargs) == (PROMPT, [], None, None, None)
+    assert len(videos) == 2  # the decoded videos (video-core preprocesses them first)
     for video in (data_url, path):
         assert isinstance(video, VideoFrames) and video.frames.shape == (6, 48, 64, 3)
         assert indices(video) == [0, 15, 30, 45, 60, 75]

@@ -159,7 +159,7 @@ class Admission:
         image_sources, video_sources = sources[: len(images)], sources[len(images) :]
         prepared = await gather_or_cancel(
             *(self.prepare_image(src, cache_salt, mm_kwargs) for src in image_sources),
-            *(self.prepare_video(src, cache_salt, mm_kwargs) for src in video_sources),
+            *(self.decode_video(src, cache_salt, mm_kwargs) for src in video_sources),
         )
         frames = prepared[len(images) :]
         return await self.executors.text(
@@ -193,7 +193,7 @@ class Admission:
             processor.memo.put(key, prepared)
         return prepared
 
-    async def prepare_video(
+    async def decode_video(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
     ) -> VideoFrames:
         """Decode and sample one video in a media worker process (the media threads without
