@@ -117,9 +117,36 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class EncoderStoreConfig:
+    """The encoder store's tiers below the encoder cache (see ``mmserve.store``)."""
+
+    ram_bytes: int  # L1 host RAM; 0: no L1
+    disk_dir: str | None  # L2; None: no L2
+    disk_bytes: int
+    redis_url: str | None  # L3; None: no L3
+    secret: str | None = field(repr=False)  # MAC secret; None: $MMSERVE_ENCODER_STORE_SECRET
+    ttl_s: int = 86400
+    timeout_ms: float = 50.0
+    write_queue: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("ram_bytes", "disk_bytes", "ttl_s", "write_queue", "timeout_ms"):
+            value = getattr(self, name)
+            if value < (0 if name == "ram_bytes" else 1e-9):
+                raise ValueError(f"encoder store {name} must be > 0, got {value}")
+        if self.disk_dir == "":
+            raise ValueError("encoder_store_dir must be a directory path, got ''")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ram_bytes or self.disk_dir or self.redis_url)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig
     scheduler: SchedulerConfig
     seed: int = 0
     attention_backend: str = "auto"
+    encoder_store: EncoderStoreConfig | None = None  # None: no store (today's path)

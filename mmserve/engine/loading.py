@@ -82,6 +82,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.scheduler_config(),
         args.seed,
         args.attention_backend,
+        args.encoder_store_config(),
     )
 
 
