@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
 import time
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 ByteTier = DiskTier | RedisTier
 ERROR_LOG_INTERVAL_S = 60.0
+EXIT_FLUSH_S = 10.0
 
 
 class EncoderStore:
@@ -56,12 +58,14 @@ class EncoderStore:
         self.disk = next((t for t in self.tiers if isinstance(t, DiskTier)), None)
         self.metrics = StoreMetrics()
         self.writer = WriteBehind(write_queue, self.metrics)
+        atexit.register(self.writer.flush, EXIT_FLUSH_S)  # a short-lived process keeps its writes
         self._pool = concurrent.futures.ThreadPoolExecutor(
             lookup_threads, thread_name_prefix="mmserve-store-lookup"
         )
         self._inflight: dict[str, concurrent.futures.Future[torch.Tensor | None]] = {}
         self._lock = Lock()
         self._last_error_log: dict[str, float] = {}
+        self._closed = False
 
     # ---- lookups ---------------------------------------------------------------------
     def lookup(
@@ -70,6 +74,8 @@ class EncoderStore:
         """Start looking up ``items`` (``skip``: item keys not to look up, e.g. those the
         device cache holds). None when nothing needs looking up."""
         futures: dict[str, concurrent.futures.Future[torch.Tensor | None]] = {}
+        if self._closed:
+            return None
         for item in items:
             if item.key in futures or (skip is not None and skip(item.key)):
                 continue
@@ -183,6 +189,8 @@ class EncoderStore:
         return self.writer.flush(timeout)
 
     def close(self) -> None:
+        """Finish the queued writes, then stop; later lookups find nothing, writes drop."""
+        self._closed = True
         self.writer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for tier in self.tiers:
