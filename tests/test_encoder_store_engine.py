@@ -3,11 +3,14 @@ damaged entries cost one re-encode, keys never cross salt / weights, answers nev
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import pytest
 
 from mmserve import LLM, SamplingParams
+from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.llm_engine import LLMEngine
 from mmserve.models.tiny import resolve_model_path
 from tests.conftest import assert_no_leaks
 
@@ -108,3 +111,24 @@ def test_l1_keeps_what_the_device_cache_evicted(images, plain_answers):
     metrics = llm.get_metrics()
     assert metrics["encoder_images_encoded"] == 2 and metrics["encoder_store_ram_hits"] == 2
     assert metrics["encoder_store_loads"] == 2
+
+
+def test_server_admission_awaits_lookups_and_a_restart_loads(tmp_path, images, plain_answers):
+    async def serve_once() -> tuple[list[list[int]], dict[str, float]]:
+        engine = LLMEngine.from_args("tiny-llava", encoder_store_dir=str(tmp_path / "store"))
+        server = AsyncLLMEngine(engine)
+        try:
+            answers = []
+            for image in images[:2]:
+                async for out in server.generate(PROMPT, [image], params=GREEDY):
+                    final = out
+                answers.append(final.outputs[0].token_ids)
+        finally:
+            server.shutdown()  # closes the store: its queued writes land
+        return answers, engine.get_metrics()
+
+    answers, metrics = asyncio.run(serve_once())
+    assert answers == plain_answers and metrics["encoder_images_encoded"] == 2
+    answers, metrics = asyncio.run(serve_once())
+    assert answers == plain_answers
+    assert metrics["encoder_images_encoded"] == 0 and metrics["encoder_store_loads"] == 2
