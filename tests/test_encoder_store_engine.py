@@ -18,10 +18,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 
 
-def ask(llm: LLM, images, salt: str | None = None) -> list[list[int]]:
-    prompts = [{"prompt": PROMPT, "images": [img], "cache_salt": salt} for img in images]
+def ask(llm: LLM, images, salt: str | None = None, prompt: str = PROMPT) -> list[list[int]]:
+    prompts = [{"prompt": prompt, "images": [img], "cache_salt": salt} for img in images]
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     return [out.outputs[0].token_ids for out in outs]
+
+
+QWEN_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is it?<|im_end|>"
 
 
 def stored_llm(model: str, tmp_path, **kw) -> LLM:
@@ -101,6 +104,27 @@ def test_other_salt_or_other_weights_never_hit(tmp_path, images):
     ask(retrained, images[:1])
     metrics = retrained.get_metrics()
     assert metrics["encoder_store_loads"] == 0 and metrics["encoder_images_encoded"] == 1
+
+
+def test_other_dtype_never_hits(tmp_path, images):
+    first = stored_llm("tiny-llava", tmp_path)
+    ask(first, images[:1])
+    finish(first)
+    half = stored_llm("tiny-llava", tmp_path, dtype="bfloat16")
+    ask(half, images[:1])
+    metrics = half.get_metrics()
+    assert metrics["encoder_store_loads"] == 0 and metrics["encoder_images_encoded"] == 1
+
+
+def test_restart_loads_qwen2_vl_items_of_different_sizes(tmp_path, images):
+    plain = ask(LLM("tiny-qwen2-vl"), images, prompt=QWEN_PROMPT)
+    first = stored_llm("tiny-qwen2-vl", tmp_path)
+    assert ask(first, images, prompt=QWEN_PROMPT) == plain
+    finish(first)
+    restarted = stored_llm("tiny-qwen2-vl", tmp_path)
+    assert ask(restarted, images, prompt=QWEN_PROMPT) == plain
+    metrics = restarted.get_metrics()
+    assert metrics["encoder_images_encoded"] == 0 and metrics["encoder_store_loads"] == 4
 
 
 def test_l1_keeps_what_the_device_cache_evicted(images, plain_answers):
