@@ -1,6 +1,8 @@
 """The encoder store: per-tier lookup cost, and re-encodes + TTFT after a restart and on a
 second replica, with and without the store.
 
+``--replicas``: ``bench serve`` against replicas sharing Redis instead (``store_replicas``).
+
 Part 1 (``tiers``): one value at a time, N rounds interleaved over the tiers, the cost of a
 lookup as the engine pays it (read + MAC + decode): L1 host RAM, L2 local disk (warm page
 cache), L3 Redis over loopback (hiredis), for the model's embedding and a 4.5 MiB one
@@ -42,6 +44,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=200, help="lookups per tier and size")
     p.add_argument("--redis", default=None, help="redis:// URL (default: start redis-server)")
     p.add_argument("--out", default="bench-results")
+    p.add_argument(
+        "--replicas", action="store_true",
+        help="instead: bench serve against replicas sharing Redis and one without a store",
+    )  # fmt: skip
     add_priority_arg(p)
     return p.parse_args(argv)
 
@@ -158,6 +164,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     priority = apply_priority(args)
     proc, url = (None, args.redis) if args.redis else start_redis()
+    if args.replicas:
+        from mmserve.bench.store_replicas import replicas_main
+
+        if url is None:
+            raise SystemExit("--replicas needs redis-server or --redis URL")
+        try:
+            return replicas_main(args, url, SECRET)
+        finally:
+            if proc is not None:
+                proc.kill()
     try:
         images = [synthetic_image(1000 + i, args.resolution) for i in range(args.images)]
         runs = restart(args.model, images, url)
