@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 GiB = 1 << 30
 DEFAULT_IMAGE_LIMIT = 16
@@ -15,6 +16,7 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def checkpoint_dtype(hf_config: Any) -> str | None:
@@ -130,12 +132,25 @@ class EncoderStoreConfig:
     write_queue: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("ram_bytes", "disk_bytes", "ttl_s", "write_queue", "timeout_ms"):
-            value = getattr(self, name)
-            if value < (0 if name == "ram_bytes" else 1e-9):
-                raise ValueError(f"encoder store {name} must be > 0, got {value}")
+        """ValueError naming the ``encoder_store_*`` setting that is out of range."""
+        checks = (
+            ("encoder_store_ram", self.ram_bytes, 0),
+            ("encoder_store_disk_bytes", self.disk_bytes, 1),
+            ("encoder_store_ttl", self.ttl_s, 1),
+            ("encoder_store_write_queue", self.write_queue, 1),
+        )
+        for name, value, least in checks:
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not self.timeout_ms > 0:
+            raise ValueError(f"encoder_store_timeout_ms must be > 0, got {self.timeout_ms!r}")
         if self.disk_dir == "":
             raise ValueError("encoder_store_dir must be a directory path, got ''")
+        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                "encoder_store_redis must be a redis://, rediss:// or unix:// URL,"
+                f" got {self.redis_url!r}"
+            )
 
     @property
     def enabled(self) -> bool:

@@ -44,11 +44,12 @@ def _scalar_type(annotation: str) -> type:
     return float if "float" in annotation else int if "int" in annotation else str
 
 
-def _arg(default: Any, help_text: str, **cli: Any) -> Any:
-    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``)."""
+def _arg(default: Any, help_text: str, secret: bool = False, **cli: Any) -> Any:
+    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``);
+    ``secret``: left out of the repr (and so of logs)."""
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata={"help": help_text, **cli})
-    return field(default=default, metadata={"help": help_text, **cli})
+    return field(default=default, repr=not secret, metadata={"help": help_text, **cli})
 
 
 @dataclass
@@ -132,6 +133,7 @@ class EngineArgs:
     encoder_store_secret: str | None = _arg(
         None, "encoder store MAC secret, the same on every replica sharing L3 (default:"
         " $MMSERVE_ENCODER_STORE_SECRET; for L2 alone a random one kept in the directory)",
+        secret=True,
     )  # fmt: skip
     encoder_store_ram: int | None = _arg(
         None, "encoder store L1 host RAM for evicted encoder outputs, e.g. 2GiB (default: 1 GiB"

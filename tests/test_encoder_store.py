@@ -210,5 +210,26 @@ def test_secret_rules(tmp_path, monkeypatch):
     assert resolve_secret(disk) == resolve_secret(disk)  # kept in the directory
     monkeypatch.setenv("MMSERVE_ENCODER_STORE_SECRET", "from-the-environment")
     assert resolve_secret(disk) == b"from-the-environment"
-    with pytest.raises(ValueError, match="ttl_s"):
+    with pytest.raises(ValueError, match="encoder_store_ttl"):
         config(ttl_s=0)
+
+
+def test_store_settings_are_checked_up_front_and_the_secret_stays_out_of_reprs():
+    from mmserve.engine_args import EngineArgs
+
+    assert EngineArgs().encoder_store_config() is None  # no tier set: no store
+    config = EngineArgs(encoder_store_dir="/tmp/x").encoder_store_config()
+    assert config is not None and config.ram_bytes == 1 << 30
+    bad = {
+        "encoder_store_timeout_ms": 0,
+        "encoder_store_ram": -1,
+        "encoder_store_ttl": 0,
+        "encoder_store_write_queue": 0,
+        "encoder_store_redis": "http://127.0.0.1:6379",
+    }
+    for name, value in bad.items():
+        with pytest.raises(ValueError, match=name):
+            EngineArgs(encoder_store_dir="/tmp/x", **{name: value}).encoder_store_config()
+    args = EngineArgs(encoder_store_dir="/tmp/x", encoder_store_secret="do-not-print-me")
+    assert "do-not-print-me" not in repr(args)
+    assert "do-not-print-me" not in repr(args.encoder_store_config())

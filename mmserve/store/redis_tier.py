@@ -7,8 +7,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from mmserve.config import REDIS_SCHEMES
+
 KEY_PREFIX = "mmserve:enc:"
-SCHEMES = ("redis", "rediss", "unix")
 
 
 class TierUnavailable(Exception):
@@ -30,7 +31,7 @@ class RedisTier:
     def __init__(self, url: str, ttl_s: int, timeout_s: float, cooldown_s: float = 5.0) -> None:
         import redis  # optional dependency (the ``store`` extra): imported only when used
 
-        if urlsplit(url).scheme not in SCHEMES:
+        if urlsplit(url).scheme not in REDIS_SCHEMES:
             raise ValueError(
                 f"encoder_store_redis must be a redis://, rediss:// or unix:// URL, got {url!r}"
             )
