@@ -15,7 +15,7 @@ DEFAULT_IMAGE_LIMIT = 16
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch", "flex")
 
 
 DEVICE_SYNTAX = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device

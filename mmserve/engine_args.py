@@ -80,7 +80,9 @@ class EngineArgs:
     attention_backend: str = _arg(
         "auto",
         "LM attention: 'cpu-kernel' (compiled, reads the paged KV cache in place; CPU float32),"
-        " 'torch' (gather + SDPA, any device/dtype), 'auto' (the kernel where it applies)",
+        " 'torch' (gather + SDPA, any device/dtype), 'flex' (torch flex_attention over the paged"
+        " cache, no gathered copies; compiled on CUDA), 'auto' (the kernel where it applies,"
+        " else torch)",
         choices=ATTENTION_BACKENDS,
     )
     max_model_len: int | None = _arg(

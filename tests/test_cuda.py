@@ -23,9 +23,10 @@ def llava_ref(dtype: torch.dtype) -> Reference:
     return ref
 
 
-def test_llava_float32_on_cuda_is_token_identical_to_transformers_there(images) -> None:
+@pytest.mark.parametrize("backend", ["torch", "flex"])
+def test_llava_float32_on_cuda_is_token_identical_to_transformers_there(images, backend) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
-    llm = LLM("tiny-llava", device="cuda", dtype="float32")
+    llm = LLM("tiny-llava", device="cuda", dtype="float32", attention_backend=backend)
     assert llm.engine.kv_cache.keys[0].device.type == "cuda"
     ref = llava_ref(torch.float32)
     cases = [(LLAVA_PROMPT, [im]) for im in images[:3]]
