@@ -299,6 +299,7 @@ class ModelRunner:
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
             use_kernel=self.attention_backend == "cpu-kernel",
+            use_flex=self.attention_backend == "flex",
         )
         positions = torch.cat(mrope_positions, dim=-1) if self.uses_mrope else pos
         return FlatBatch(
