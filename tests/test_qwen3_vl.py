@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
 from mmserve import LLM, SamplingParams
@@ -125,6 +126,20 @@ def test_deepstack_reaches_chunks_that_start_inside_an_image(ref, imgs, monkeypa
     dropped = _prompt_logprobs(llm, prompt, images)
     assert (dropped - expected).abs().max() > 0.1
     assert_no_leaks(llm)
+
+
+def test_budgets_follow_the_processor_limits(imgs):
+    assert LLM(MODEL).engine.config.model.max_tokens_per_image == 256  # max_pixels 512 * 512
+    kwargs = {"min_pixels": 32 * 32 * 16, "max_pixels": 32 * 32 * 64}
+    llm = LLM(MODEL, processor_kwargs=kwargs)
+    # a 1:200 image keeps a 32-pixel short side when scaled down: 32 x 3616 pixels
+    assert smart_resize(20, 4000, 32, **kwargs) == (32, 3616)
+    assert llm.engine.config.model.max_tokens_per_image == 3616 // 32 == 113
+    hd = make_image(7, (1280, 720))
+    (out,) = check_parity(
+        llm, QwenReference(MODEL, **kwargs), [(chat_prompt(2), [hd, imgs["tiny"]])]
+    )
+    assert out.prompt_token_ids.count(PAD) == 60 + 20  # 1280x720 -> 6x10, 30x20 -> 4x5 (up)
 
 
 def test_encoder_cache_budgets_wide_rows():
