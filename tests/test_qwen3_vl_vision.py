@@ -1,5 +1,6 @@
 """Qwen3-VL's vision tower vs transformers' ``Qwen3VLVisionModel`` (float32): the merger's
-output and every DeepStack merger's, concatenated per row as the encoder cache holds them.
+output and every DeepStack merger's, concatenated per row as the encoder cache holds them;
+and its image preprocessing (mmserve's fast path) vs the PIL image processor.
 
 Like the other Qwen towers it runs its patch embedding as a matmul and batches equal attention
 segments, so it must match within ``allclose(rtol=1e-4, atol=1e-4)``.
@@ -13,6 +14,7 @@ from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 
 from mmserve.engine.loading import build_model_config, load_image_processor
 from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
+from mmserve.multimodal.fast_image_processing import fast_image_processor
 from mmserve.multimodal.image_prep import IMAGE_INPUTS
 from tests.conftest import make_image
 
@@ -73,3 +75,17 @@ def test_images_attend_only_within_themselves(qwen):
         alone = [model.encode_images([item])[0] for item in items]
     for a, b in zip(together, alone, strict=True):
         assert torch.allclose(a, b, **TOL)
+
+
+@pytest.mark.parametrize("size", [(224, 224), (320, 480), (30, 20), (1280, 720)])
+def test_fast_preprocessing_is_exact_for_qwen3_settings(size):
+    """Qwen3-VL's processor settings (patch 16, mean / std 0.5) run mmserve's fast path, with
+    pixel values bit-identical to the PIL image processor's."""
+    proc = load_image_processor(build_model_config(MODEL).path, {})
+    fast = fast_image_processor(proc, "exact")
+    image = make_image(5, size)
+    assert fast is not None and fast.accepts(image)
+    patches, grid = fast(image)
+    out = proc(images=image, return_tensors="np")
+    assert grid == tuple(int(x) for x in out["image_grid_thw"][0])
+    assert (patches == out["pixel_values"]).all()

@@ -105,8 +105,9 @@ QWEN3_VL_PRESETS: dict[str, Qwen3VLPresetSpec] = {
         num_position_embeddings=16,
         deepstack_visual_indexes=(0, 1),
     ),
-    # ~16M params, for benchmarks: sized like tiny-qwen2.5-vl-small, three DeepStack layers
-    # (as released), the released processor limits (65536 to 16777216 pixels).
+    # ~19M params, for benchmarks: sized like tiny-qwen2.5-vl-small, three DeepStack layers
+    # (as released), the released processor limits (65536 to 16777216 pixels: up to 16384
+    # embeddings, more than its 8192 positions; the benchmarks cap max_pixels).
     "tiny-qwen3-vl-small": Qwen3VLPresetSpec(
         patch_size=16,
         merge_size=2,
