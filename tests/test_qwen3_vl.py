@@ -33,8 +33,9 @@ def imgs() -> dict[str, Image.Image]:
     return out | {f"q{i}": make_image(10 + i, (640, 360)) for i in range(4)}
 
 
-def test_one_image(ref, imgs):
-    llm = LLM(MODEL, seed=0)
+@pytest.mark.parametrize("backend", ["auto", "torch"])  # flex passes too (16 s on CPU)
+def test_one_image(ref, imgs, backend):
+    llm = LLM(MODEL, seed=0, attention_backend=backend, max_num_batched_tokens=32)
     (out,) = check_parity(llm, ref, [(chat_prompt(1), [imgs["square"]])])
     assert out.prompt_token_ids.count(PAD) == 49  # 224x224 -> 7x7 merged 32-pixel patches
 
@@ -106,10 +107,10 @@ def test_deepstack_reaches_chunks_that_start_inside_an_image(ref, imgs, monkeypa
     the DeepStack features of chunks that start inside the image moves them far off, so the
     parity above depends on those features."""
     prompt, images = chat_prompt(1, "Describe it."), [imgs["portrait"]]
-    inputs = ref.inputs(prompt, images)
+    inputs = {k: v.to(ref.device) for k, v in ref.inputs(prompt, images).items()}
     with torch.inference_mode():
-        logits = ref.model(**inputs).logits[0, :-1].float()
-    ids = inputs["input_ids"][0, 1:]
+        logits = ref.model(**inputs).logits[0, :-1].float().cpu()
+    ids = inputs["input_ids"][0, 1:].cpu()
     expected = logits.log_softmax(-1).gather(1, ids[:, None])[:, 0]
     llm = LLM(MODEL, max_num_batched_tokens=16, enable_prefix_caching=False)
     got = _prompt_logprobs(llm, prompt, images)

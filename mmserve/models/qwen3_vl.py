@@ -24,6 +24,7 @@ from torch import nn
 
 from mmserve.inputs import MultiModalItem
 from mmserve.layers.mrope import MRopePositions, mrope_positions
+from mmserve.layers.transfer import to_device_like
 from mmserve.models.interface import DeepstackInputs
 from mmserve.models.llama import LlamaLMHeadMixin
 from mmserve.models.loader import load_safetensors
@@ -90,9 +91,7 @@ class Qwen3VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         grids: list[Grid] = [_grid(d["image_grid_thw"]) for d in images]
         order = sorted(range(len(images)), key=lambda i: grids[i][1] * grids[i][2])
         pixels = torch.cat([torch.as_tensor(np.asarray(images[i]["pixel_values"])) for i in order])
-        out = self.visual(
-            pixels.to(device=param.device, dtype=param.dtype), [grids[i] for i in order]
-        )
+        out = self.visual(to_device_like(pixels, param), [grids[i] for i in order])
         out = out[:, : param.shape[1] * (1 + self.deepstack_layers)]
         sizes = [math.prod(grids[i]) // self.merge_size**2 for i in order]
         by_image = dict(zip(order, out.split(sizes), strict=True))
