@@ -61,6 +61,7 @@ class ModelConfig:
     dtype: str = "float32"
     max_model_len: int = 2048
     hidden_size: int = 0
+    embedding_width: int = 0  # columns of one encoder-output row (0: hidden_size)
     image_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     max_tokens_per_image: int = 0  # largest embedding count one image can produce
@@ -76,6 +77,11 @@ class ModelConfig:
     @property
     def dtype_bytes(self) -> int:
         return 4 if self.dtype == "float32" else 2
+
+    @property
+    def bytes_per_embedding(self) -> int:
+        """Bytes of one encoder-cache row (DeepStack models keep wider rows)."""
+        return (self.embedding_width or self.hidden_size) * self.dtype_bytes
 
 
 @dataclass(frozen=True)

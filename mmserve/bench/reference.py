@@ -14,8 +14,12 @@ from typing import Any
 import torch
 from PIL import Image
 
-# Qwen2.5-VL ships Qwen2-VL's image processor and placeholders
-QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+# Qwen2.5-VL and Qwen3-VL ship Qwen2-VL's image processor and placeholders
+QWEN_VL = (
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
+)
 
 
 class HFInputs:

@@ -28,6 +28,7 @@ _JINJA_CHARS = "{}\n"
 IMAGE_PLACEHOLDERS = {
     "llava": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 
 

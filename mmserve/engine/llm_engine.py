@@ -127,7 +127,7 @@ class LLMEngine:
                 cc.prefix_caching_hash_algo,
                 cc.prefix_caching_seed,
             ),
-            EncoderCacheManager(capacity, mc.hidden_size * mc.dtype_bytes, cc.enable_encoder_cache),
+            EncoderCacheManager(capacity, mc.bytes_per_embedding, cc.enable_encoder_cache),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
             encoder_compute_budget=self.encoder_budget,

@@ -56,6 +56,7 @@ def build_model_config(
         dtype=dtype,
         max_model_len=max_model_len or limit,
         hidden_size=text.hidden_size,
+        embedding_width=model_cls.embedding_width(hf_config),
         image_token_id=getattr(hf_config, "image_token_id", None),
         eos_token_ids=eos,
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),

@@ -67,6 +67,8 @@ IMAGE_INPUTS = {
     "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     # Qwen2.5-VL ships Qwen2-VL's image processor.
     "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
+    # so does Qwen3-VL (patch_size 16, mean / std 0.5)
+    "Qwen3VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
 }
 
 

@@ -34,6 +34,7 @@ from transformers.utils import logging as hf_logging
 
 from .qwen2_5_vl import QWEN2_5_VL_PRESETS
 from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
+from .qwen3_vl import QWEN3_VL_PRESETS
 from .tokenizer import (
     BOS,
     EOS,
@@ -147,6 +148,7 @@ PRESETS: dict[str, AnySpec] = {
     ),
     **QWEN2_VL_PRESETS,
     **QWEN2_5_VL_PRESETS,
+    **QWEN3_VL_PRESETS,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
