@@ -3,10 +3,10 @@
 The layout is that of ``llava-hf/llava-onevision-qwen2-*-ov-hf`` minus its video processor
 config (the video processor needs torchvision): ``config.json`` (``LlavaOnevisionConfig``),
 ``generation_config.json``, ``model.safetensors``, the Qwen2 tokenizer files with ``<image>``
-and ``<video>`` added, ``chat_template.json`` (the hub's template: images first, then text;
-parts only), ``preprocessor_config.json`` (``LlavaOnevisionImageProcessor``) and
-``processor_config.json`` (``LlavaOnevisionProcessor``: ``num_image_tokens``,
-``vision_aspect_ratio``).
+and ``<video>`` added, the hub's chat template (images first, then text; parts only) in
+``chat_template.json`` and ``tokenizer_config.json``, ``preprocessor_config.json``
+(``LlavaOnevisionImageProcessor``) and ``processor_config.json`` (``LlavaOnevisionProcessor``:
+``num_image_tokens``, ``vision_aspect_ratio``).
 """
 
 from __future__ import annotations
@@ -146,6 +146,11 @@ class OnevisionPresetSpec:
         tokenizer.chat_template = None
         tokenizer.save_pretrained(out)
         image_processor.save_pretrained(out)
+        # the hub's tokenizer config carries the template too (what tokenizer-only callers read)
+        config_file = out / "tokenizer_config.json"
+        tokenizer_config = json.loads(config_file.read_text())
+        tokenizer_config["chat_template"] = ONEVISION_CHAT_TEMPLATE
+        config_file.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
         processor_config = {
             "image_token": "<image>",
             "num_image_tokens": self.patches_per_crop,
@@ -222,8 +227,9 @@ def load_onevision_processor(path: Path) -> LlavaOnevisionProcessor:
     """The checkpoint's processor (tokenizer, PIL image processor, ``processor_config.json``)."""
     settings = json.loads((path / "processor_config.json").read_text())
     settings.pop("processor_class", None)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     return ImageOnlyOnevisionProcessor(
         image_processor=LlavaOnevisionImageProcessorPil.from_pretrained(path),
-        tokenizer=AutoTokenizer.from_pretrained(path),
+        tokenizer=tokenizer,
         **settings,
     )
