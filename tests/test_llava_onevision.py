@@ -1,6 +1,8 @@
-"""LLaVA-OneVision: greedy output of mmserve equals transformers' generate (float32) for images
-of several aspect ratios (different crop grids, unpadding and pooling) and several images per
-prompt, under every cache setting; placeholder counts, budgets and the anyres geometry."""
+"""LLaVA-OneVision and LLaVA-NeXT (the anyres families): greedy output of mmserve equals
+transformers' generate (float32) for images of several aspect ratios (different crop grids,
+unpadding and, for OneVision, shrinking) and several images per prompt, under every cache
+setting; placeholder counts, budgets and the anyres geometry. Every test not about one family's
+files runs on both CI presets."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import AutoProcessor
+from transformers import LlavaNextForConditionalGeneration as HFNext
 from transformers import LlavaOnevisionForConditionalGeneration as HFOnevision
 
 from mmserve import LLM, SamplingParams
 from mmserve.config import SchedulerConfig
 from mmserve.engine.loading import build_model_config
-from mmserve.models.llava_onevision import LlavaOnevisionForConditionalGeneration
+from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.llava_onevision import load_onevision_processor
 from mmserve.multimodal.anyres import AnyresGeometry, anyres_inputs, hf_anyres
@@ -23,6 +27,7 @@ from mmserve.multimodal.budget import compute_encoder_budget
 from tests.conftest import assert_no_leaks, make_image
 
 MODEL = "tiny-llava-onevision"
+NEXT = "tiny-llava-next"
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)
 # (width, height) -> crop grid (rows x cols) on the tiny preset: 3x3 and 2x3 are shrunk by the
@@ -30,13 +35,17 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)
 SIZES = [(96, 80), (64, 64), (120, 50), (200, 30), (30, 200), (70, 90)]
 
 
-class OnevisionReference:
+class AnyresReference:
     """transformers' model + the checkpoint's processor (tokenizer, PIL image processor)."""
 
     def __init__(self, model: str) -> None:
         path = resolve_model_path(model)
-        self.processor = load_onevision_processor(path)
-        self.model = HFOnevision.from_pretrained(path, dtype=torch.float32).eval()
+        if model == NEXT:
+            self.processor = AutoProcessor.from_pretrained(path)
+            self.model = HFNext.from_pretrained(path, dtype=torch.float32).eval()
+        else:
+            self.processor = load_onevision_processor(path)
+            self.model = HFOnevision.from_pretrained(path, dtype=torch.float32).eval()
         self._greedy: dict[tuple, list[int]] = {}
 
     def inputs(self, prompt: str, images: list[Image.Image]) -> dict:
@@ -52,9 +61,24 @@ class OnevisionReference:
         return self._greedy[key]
 
 
+_REFERENCES: dict[str, AnyresReference] = {}
+
+
+def reference(model: str) -> AnyresReference:
+    if model not in _REFERENCES:
+        _REFERENCES[model] = AnyresReference(model)
+    return _REFERENCES[model]
+
+
+@pytest.fixture(scope="module", params=[MODEL, NEXT])
+def family(request) -> str:
+    """Both families the anyres code serves."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def ref() -> OnevisionReference:
-    return OnevisionReference(MODEL)
+def ref(family: str) -> AnyresReference:
+    return reference(family)
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +86,13 @@ def imgs() -> list[Image.Image]:
     return [make_image(10 + i, size) for i, size in enumerate(SIZES)]
 
 
-def chat_prompt(n_images: int, question: str = "What is in the picture?") -> str:
+def chat_prompt(n_images: int, question: str = "What is in the picture?", model=MODEL) -> str:
+    if model == NEXT:
+        return "USER: " + "<image>\n" * n_images + question + " ASSISTANT:"
     return f"<|im_start|>user {'<image>' * n_images}\n{question}<|im_end|><|im_start|>assistant\n"
 
 
-def check_parity(llm: LLM, ref: OnevisionReference, cases: list[tuple[str, list]]) -> list:
+def check_parity(llm: LLM, ref: AnyresReference, cases: list[tuple[str, list]]) -> list:
     outs = llm.generate(
         [{"prompt": p, "images": imgs} for p, imgs in cases], GREEDY, use_tqdm=False
     )
@@ -77,13 +103,16 @@ def check_parity(llm: LLM, ref: OnevisionReference, cases: list[tuple[str, list]
     return outs
 
 
-def test_every_grid_one_image_each_and_several_per_prompt(ref, imgs):
-    llm = LLM(MODEL, max_num_batched_tokens=2048, seed=0)
-    cases = [(chat_prompt(1, f"Describe picture {i}."), [img]) for i, img in enumerate(imgs)]
+def test_every_grid_one_image_each_and_several_per_prompt(family, ref, imgs):
+    llm = LLM(family, max_num_batched_tokens=2048, seed=0)
+    cases = [
+        (chat_prompt(1, f"Describe picture {i}.", model=family), [img])
+        for i, img in enumerate(imgs)
+    ]
     cases += [
-        (chat_prompt(3, "Compare them."), [imgs[0], imgs[2], imgs[3]]),
-        (chat_prompt(2, "Which is wider?"), [imgs[4], imgs[1]]),
-        ("<|im_start|>user\nNo picture here.<|im_end|><|im_start|>assistant\n", []),
+        (chat_prompt(3, "Compare them.", model=family), [imgs[0], imgs[2], imgs[3]]),
+        (chat_prompt(2, "Which is wider?", model=family), [imgs[4], imgs[1]]),
+        (chat_prompt(0, "No picture here.", model=family), []),
     ]
     check_parity(llm, ref, cases)
 
@@ -92,19 +121,21 @@ CACHES = list(itertools.product([True, False], [True, False]))
 
 
 @pytest.mark.parametrize(("encoder_cache", "prefix_cache"), CACHES)
-def test_shared_image_prefix_under_cache_settings(ref, imgs, encoder_cache, prefix_cache):
+def test_shared_image_prefix_under_cache_settings(family, ref, imgs, encoder_cache, prefix_cache):
     """A second request sharing the first's image prefix: answers never depend on caching;
     the encoder cache serves both images again, the prefix cache the first one."""
     llm = LLM(
-        MODEL,
+        family,
         max_num_batched_tokens=2048,
         enable_encoder_cache=encoder_cache,
         enable_prefix_caching=prefix_cache,
     )
     shared = [imgs[0], imgs[2]]
-    check_parity(llm, ref, [(chat_prompt(2, "What is common?"), shared)])
+    check_parity(llm, ref, [(chat_prompt(2, "What is common?", model=family), shared)])
     encoded = llm.get_metrics()["encoder_images_encoded"]
-    outs = check_parity(llm, ref, [(chat_prompt(2, "What differs between them?"), shared)])
+    outs = check_parity(
+        llm, ref, [(chat_prompt(2, "What differs between them?", model=family), shared)]
+    )
     again = llm.get_metrics()["encoder_images_encoded"] - encoded
     if prefix_cache:
         assert outs[0].num_cached_tokens > 0
@@ -117,24 +148,27 @@ def test_shared_image_prefix_under_cache_settings(ref, imgs, encoder_cache, pref
 
 
 @pytest.mark.parametrize("budget", [37, 64])
-def test_image_spanning_several_chunks(ref, imgs, budget):
-    llm = LLM(MODEL, max_num_batched_tokens=budget, max_num_seqs=4)
-    cases = [(chat_prompt(2, "What changed?"), [imgs[1], imgs[2]]), (chat_prompt(1), [imgs[3]])]
+def test_image_spanning_several_chunks(family, ref, imgs, budget):
+    llm = LLM(family, max_num_batched_tokens=budget, max_num_seqs=4)
+    cases = [
+        (chat_prompt(2, "What changed?", model=family), [imgs[1], imgs[2]]),
+        (chat_prompt(1, model=family), [imgs[3]]),
+    ]
     check_parity(llm, ref, cases)
 
 
-def test_preemption(ref, imgs):
+def test_preemption(family, ref, imgs):
     # Prompts of ~100-120 tokens take 7-8 blocks: four do not fit 24 blocks with their decodes.
-    llm = LLM(MODEL, num_kv_blocks=24, block_size=16, max_model_len=384)
-    cases = [(chat_prompt(1, f"Question {i}?"), [imgs[i]]) for i in range(4)]
+    llm = LLM(family, num_kv_blocks=24, block_size=16, max_model_len=384)
+    cases = [(chat_prompt(1, f"Question {i}?", model=family), [imgs[i]]) for i in range(4)]
     check_parity(llm, ref, cases)
     assert llm.get_metrics()["num_preemptions"] > 0
 
 
 # ---- geometry, budgets, mismatches ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def model_config():
-    return build_model_config(MODEL)
+def model_config(family: str):
+    return build_model_config(family)
 
 
 def test_max_tokens_bounds_every_image_size_and_is_attained(model_config):
@@ -165,13 +199,13 @@ def test_crops_that_do_not_form_the_grid_are_an_error(ref, model_config, imgs):
     crops, size = hf_anyres(ref.processor.image_processor, imgs[0])
     with pytest.raises(ValueError, match="image_grid_pinpoints differ"):
         anyres_inputs((crops[:-1], size), ref.processor.image_processor, model_config)
-    model = LlavaOnevisionForConditionalGeneration(model_config.hf_config)
+    model = resolve_architecture(model_config.hf_config)[1](model_config.hf_config)
     model.load_weights(model_config.path)
-    with pytest.raises(ValueError, match="its grid is 1 \\+ 3x3 crops"):
+    with pytest.raises(ValueError, match=r"its grid is 1 \+ \dx\d crops"):
         model.encode_images([{"pixel_values": np.asarray(crops[:-1]), "image_size": size}])
 
 
-def test_hub_layout_and_chat_template(ref, imgs):
+def test_hub_layout_and_chat_template(imgs):
     """The files llava-hf/llava-onevision-qwen2-*-ov-hf publish; the chat template comes from
     ``chat_template.json`` and renders the hub's format (images first, then the text)."""
     path = resolve_model_path(MODEL)
@@ -193,5 +227,6 @@ def test_hub_layout_and_chat_template(ref, imgs):
     }
     out = llm.chat([message], GREEDY, use_tqdm=False)[0]
     prompt = "<|im_start|>user <image>\nHi?<|im_end|><|im_start|>assistant\n"
+    ref = reference(MODEL)
     assert out.prompt_token_ids == ref.inputs(prompt, [imgs[1]])["input_ids"][0].tolist()
     assert out.outputs[0].token_ids == ref.greedy(prompt, [imgs[1]])

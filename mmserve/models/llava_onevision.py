@@ -1,5 +1,6 @@
 """LLaVA-OneVision: SigLIP tower + MLP projector + anyres packing with ``image_newline`` +
-Qwen2 decoder (mmserve's Llama with q/k/v biases).
+Qwen2 decoder (mmserve's Llama with q/k/v biases). ``AnyresLlava`` is the part LLaVA-NeXT
+(``llava_next.py``) shares.
 
 An image's data is its processor crops (base first) and its (height, width); ``encode_images``
 runs every crop of every image through the tower as one batch, then packs each image's crops
@@ -57,23 +58,23 @@ class AnyresPacker(nn.Module):
         return torch.cat((crops[0], packed))
 
 
-class LlavaOnevisionForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
-    """mmserve's model contract (see ``LlavaForConditionalGeneration``) for anyres images."""
+class AnyresLlava(LlamaLMHeadMixin, nn.Module):
+    """mmserve's model contract (see ``LlavaForConditionalGeneration``) for anyres images:
+    vision tower -> projector -> ``AnyresPacker``. Subclasses pick the tower (its output per
+    crop, after the feature select strategy, must be the crop's patches) and the decoder."""
+
+    qkv_bias: bool | None = None  # None: the text config's attention_bias
 
     def __init__(self, hf_config: Any) -> None:
         super().__init__()
         text, vision = hf_config.text_config, hf_config.vision_config
         if not isinstance(hf_config.vision_feature_layer, int):
-            raise ValueError("LLaVA-OneVision with several vision_feature_layer values")
-        if hf_config.vision_feature_select_strategy != "full":
-            raise ValueError(
-                "LLaVA-OneVision's SigLIP has no CLS token: vision_feature_select_strategy"
-                f" must be 'full', got {hf_config.vision_feature_select_strategy!r}"
-            )
+            raise ValueError(f"{type(self).__name__} with several vision_feature_layer values")
         if getattr(text, "use_sliding_window", False):
-            raise ValueError("LLaVA-OneVision with sliding-window attention is not supported")
+            raise ValueError(f"{type(self).__name__} with sliding-window attention")
         self.config = hf_config
-        self.vision_tower = SiglipVisionTower(vision, hf_config.vision_feature_layer)
+        self.drop_cls = hf_config.vision_feature_select_strategy == "default"
+        self.vision_tower = self.make_vision_tower(hf_config)
         self.multi_modal_projector = LlavaProjector(
             vision.hidden_size,
             text.hidden_size,
@@ -81,9 +82,12 @@ class LlavaOnevisionForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             getattr(hf_config, "multimodal_projector_bias", True),
         )
         self.packer = AnyresPacker(AnyresGeometry.from_config(hf_config), text.hidden_size)
-        self.language_model = LlamaModel(text, qkv_bias=True, o_bias=False)
+        self.language_model = LlamaModel(text, qkv_bias=self.qkv_bias)
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         self._set_kv_geometry(text)
+
+    def make_vision_tower(self, hf_config: Any) -> Any:
+        raise NotImplementedError
 
     @staticmethod
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
@@ -103,8 +107,23 @@ class LlavaOnevisionForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         param = self.multi_modal_projector.linear_1.weight
         crops = [torch.as_tensor(np.asarray(d["pixel_values"])) for d in images]
         batch = torch.cat(crops).to(device=param.device, dtype=param.dtype)
-        feats = self.multi_modal_projector(self.vision_tower(batch))
+        feats = self.vision_tower(batch)
+        feats = self.multi_modal_projector(feats[:, 1:] if self.drop_cls else feats)
         per_image = feats.split([len(c) for c in crops])
         return [
             self.packer(f, tuple(d["image_size"])) for f, d in zip(per_image, images, strict=True)
         ]
+
+
+class LlavaOnevisionForConditionalGeneration(AnyresLlava):
+    """LLaVA-OneVision: SigLIP (no CLS: the "full" strategy) and a Qwen2 decoder."""
+
+    qkv_bias = True
+
+    def make_vision_tower(self, hf_config: Any) -> SiglipVisionTower:
+        if self.drop_cls:
+            raise ValueError(
+                "LLaVA-OneVision's SigLIP has no CLS token: vision_feature_select_strategy"
+                " must be 'full', got 'default'"
+            )
+        return SiglipVisionTower(hf_config.vision_config, hf_config.vision_feature_layer)

@@ -69,6 +69,7 @@ IMAGE_INPUTS = {
     # Qwen2.5-VL ships Qwen2-VL's image processor.
     "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     "LlavaOnevisionForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
+    "LlavaNextForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
 }
 
 
