@@ -25,6 +25,7 @@ from mmserve.models.tiny.llava_onevision import load_onevision_processor
 from mmserve.multimodal.anyres import AnyresGeometry, anyres_inputs, hf_anyres
 from mmserve.multimodal.budget import compute_encoder_budget
 from tests.conftest import assert_no_leaks, make_image
+from tests.openai_server import image_messages, openai_client, serve_model
 
 MODEL = "tiny-llava-onevision"
 NEXT = "tiny-llava-next"
@@ -230,3 +231,21 @@ def test_hub_layout_and_chat_template(imgs):
     ref = reference(MODEL)
     assert out.prompt_token_ids == ref.inputs(prompt, [imgs[1]])["input_ids"][0].tolist()
     assert out.outputs[0].token_ids == ref.greedy(prompt, [imgs[1]])
+
+
+def test_server_chat_with_two_images():
+    """Through a real server on 127.0.0.1 (data URLs, the admission pools): the hub template,
+    the placeholder expansion and the greedy answer are transformers'."""
+    messages = image_messages(3, SIZES[2])
+    messages[0]["content"].insert(0, image_messages(4, SIZES[3])[0]["content"][0])
+    pil = [make_image(4, SIZES[3]), make_image(3, SIZES[2])]
+    prompt = chat_prompt(2, "What is in the picture?")
+    ref = reference(MODEL)
+    expected = ref.greedy(prompt, pil)
+    for srv in serve_model(MODEL):
+        resp = openai_client(srv).chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=MAX_NEW, temperature=0
+        )
+    assert resp.usage.prompt_tokens == len(ref.inputs(prompt, pil)["input_ids"][0])
+    text = ref.processor.tokenizer.decode(expected, skip_special_tokens=True)
+    assert resp.choices[0].message.content == text
