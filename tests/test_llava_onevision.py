@@ -196,6 +196,32 @@ def test_placeholder_count_matches_the_processor(ref, model_config, imgs):
         assert length == expected, img.size
 
 
+EXTREME_SIZES = [(1000, 1), (1, 1000), (300, 4), (4, 300), (2, 2)]  # nothing left after unpad
+
+
+@pytest.mark.parametrize("size", EXTREME_SIZES)
+def test_extreme_aspect_ratios_pack_like_transformers(family, ref, model_config, size):
+    """Unpadding that leaves no row (or column) of crops' features: the count and the packed
+    embeddings are still transformers'."""
+    pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    inputs = ref.inputs(chat_prompt(1, model=family), [image])
+    expected = int((inputs["input_ids"] == model_config.image_token_id).sum())
+    data, length = anyres_inputs(
+        hf_anyres(ref.processor.image_processor, image), None, model_config
+    )
+    assert length == expected
+    model = resolve_architecture(model_config.hf_config)[1](model_config.hf_config)
+    model.load_weights(model_config.path)
+    with torch.inference_mode():
+        mine = model.encode_images([data])[0]
+        theirs = ref.model.model.get_image_features(
+            inputs["pixel_values"], inputs["image_sizes"]
+        ).pooler_output[0]
+    assert mine.shape == (length, model_config.hidden_size)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_crops_that_do_not_form_the_grid_are_an_error(ref, model_config, imgs):
     crops, size = hf_anyres(ref.processor.image_processor, imgs[0])
     with pytest.raises(ValueError, match="image_grid_pinpoints differ"):
