@@ -91,7 +91,8 @@ class AnyresGeometry:
     def max_tokens(self) -> int:
         """An upper bound on ``num_tokens`` over every image size: each pinpoint grid with
         every amount of unpadding either side may remove (unpadding removes an even count of
-        rows or of columns, never both)."""
+        rows or of columns, never both). Exact for LLaVA-NeXT's pinpoints and the tiny presets;
+        for the released OneVision config 8829, where sampled sizes reach 8765."""
         best = 0
         for height, width in self.grid_pinpoints:
             cur_h = height // self.crop_size * self.patches
