@@ -41,6 +41,11 @@ class HFInputs:
             assert isinstance(pad_id, int)
             self.pad_id = pad_id
             self.processor = None
+        elif architecture == "LlavaOnevisionForConditionalGeneration":
+            from mmserve.models.tiny.llava_onevision import load_onevision_processor
+
+            self.processor = load_onevision_processor(path)  # AutoProcessor needs torchvision
+            self.tokenizer = self.processor.tokenizer
         else:
             self.processor = AutoProcessor.from_pretrained(path, **kwargs)
             self.tokenizer = self.processor.tokenizer
