@@ -266,3 +266,14 @@ def test_limit_mm_per_prompt_takes_video():
     assert EngineArgs().scheduler_config().max_videos_per_prompt == 1  # the default
     with pytest.raises(ValueError, match="audio=1"):
         EngineArgs(limit_mm_per_prompt={"audio": 1})
+
+
+def test_admission_memo_skips_preprocessing_per_tenant():
+    videos = VideoInputs(build_model_config("tiny-qwen2-vl"), max_videos=1)
+    frames = make_video(6, 4, (56, 84))
+    first = videos.prepare(frames)
+    assert videos.prepare(frames.copy()) is first and videos.memo.hits == 1
+    other = videos.prepare(frames, cache_salt="tenant")  # no cross-tenant hits (timing)
+    assert other is not first and other.mm_hash == first.mm_hash
+    smaller = videos.prepare(frames, {"max_pixels": 56 * 56})
+    assert smaller.mm_hash != first.mm_hash and smaller.grid != first.grid

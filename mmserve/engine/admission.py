@@ -154,7 +154,10 @@ class Admission:
             *(self.prepare_image(src, cache_salt, mm_kwargs) for src in sources)
         )
         prepared_videos = await gather_or_cancel(
-            *(self.executors.media(processor.prepare_video, v, mm_kwargs) for v in videos)
+            *(
+                self.executors.media(processor.prepare_video, v, mm_kwargs, cache_salt)
+                for v in videos
+            )
         )
         return await self.executors.text(
             self.engine.process_inputs,

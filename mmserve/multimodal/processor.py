@@ -99,7 +99,7 @@ class InputProcessor:
             if is_video:
                 video = videos[i]
                 if not isinstance(video, PreparedVideo):
-                    video = self.prepare_video(video, mm_kwargs)
+                    video = self.prepare_video(video, mm_kwargs, cache_salt)
                 items += video.items(place + shift, cache_salt)
                 length = video.length
             else:
@@ -114,10 +114,12 @@ class InputProcessor:
             shift += length - 1
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
 
-    def prepare_video(self, video: Any, mm_kwargs: Any = None) -> PreparedVideo:
-        """Check, hash and preprocess one decoded video with the prompt's processor settings.
-        Thread-safe."""
-        return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs))
+    def prepare_video(
+        self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
+    ) -> PreparedVideo:
+        """Check, hash and preprocess one decoded video with the prompt's processor settings
+        (memoized per tenant). Thread-safe."""
+        return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:

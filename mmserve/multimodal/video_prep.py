@@ -118,11 +118,9 @@ def hash_video(frames: VideoFrames, model_id: str, settings: VideoSettings) -> s
     return hasher.hexdigest()
 
 
-def prepare_video(
-    video: Any, model_id: str, settings: VideoSettings, max_tokens: int | None = None
-) -> PreparedVideo:
-    """Check, hash and preprocess one decoded video. ``max_tokens``: refuse (ValueError) a
-    video with more placeholder tokens before preprocessing it."""
+def checked_video(video: Any, settings: VideoSettings, max_tokens: int | None) -> VideoFrames:
+    """``video_frames(video)``, refused (ValueError) when its placeholders alone exceed
+    ``max_tokens`` (checked from the shape, before any preprocessing)."""
     frames = video_frames(video)
     tokens = video_tokens(frames, settings)
     if max_tokens is not None and tokens > max_tokens:
@@ -131,11 +129,18 @@ def prepare_video(
             f"a video of {num} frames of {width}x{height} needs {tokens} tokens, more than"
             f" max_model_len allows ({max_tokens}): send fewer frames or smaller ones"
         )
+    return frames
+
+
+def preprocessed(frames: VideoFrames, mm_hash: str, settings: VideoSettings) -> PreparedVideo:
     pixel_values, grid = preprocess_video(frames.frames, settings)
-    return PreparedVideo(
-        hash_video(frames, model_id, settings),
-        pixel_values,
-        grid,
-        settings.temporal_patch_size / frames.fps,
-        settings.merge_size,
-    )
+    seconds = settings.temporal_patch_size / frames.fps
+    return PreparedVideo(mm_hash, pixel_values, grid, seconds, settings.merge_size)
+
+
+def prepare_video(
+    video: Any, model_id: str, settings: VideoSettings, max_tokens: int | None = None
+) -> PreparedVideo:
+    """Check, hash and preprocess one decoded video (see ``checked_video``)."""
+    frames = checked_video(video, settings, max_tokens)
+    return preprocessed(frames, hash_video(frames, model_id, settings), settings)
