@@ -132,6 +132,7 @@ SETTINGS = {
     "no-encoder-cache": {"enable_encoder_cache": False},
     "no-prefix-cache": {"enable_prefix_caching": False},
     "chunks-16": {"max_num_batched_tokens": 16, "max_num_seqs": 4},
+    "unsplit-groups": {"disable_chunked_mm_input": True, "max_num_batched_tokens": 72},
     "small-encoder": {"max_num_encoder_input_tokens": FLOOR, "encoder_cache_size": 2 * FLOOR},
     "preemption": {"num_kv_blocks": 16, "block_size": 16, "max_model_len": 256},
 }
@@ -200,3 +201,27 @@ def test_bad_video_requests_fail_alone(model):
         )
     out = llm.generate({"prompt": prompt("?"), "videos": [make_frames(6, 2)]}, GREEDY, False)
     assert out[0].outputs[0].token_ids
+
+
+def test_async_engine_admits_decoded_videos(model, ref):
+    """The server's path: ``AsyncLLMEngine.generate(videos=...)`` preprocesses in the media
+    threads and gives transformers' tokens; a bad video is a ValueError, the engine serves on."""
+    import asyncio
+
+    from mmserve.engine.async_engine import AsyncLLMEngine
+    from mmserve.engine.llm_engine import LLMEngine
+
+    engine = AsyncLLMEngine(LLMEngine.from_args(model, seed=0, **ENGINE))
+    video = VideoFrames(make_frames(8, 6), 3.0, tuple(i / 3 for i in range(6)))
+    text = prompt("What moves?")
+
+    async def run(videos: list[Any]) -> list[int]:
+        outs = [o async for o in engine.generate(text, videos=videos, params=GREEDY)]
+        return outs[-1].outputs[0].token_ids
+
+    try:
+        with pytest.raises(ValueError, match="must be decoded first"):
+            asyncio.run(run(["https://example.com/a.mp4"]))
+        assert asyncio.run(run([video])) == ref.greedy(text, [video])
+    finally:
+        engine.shutdown()
