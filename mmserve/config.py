@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 GiB = 1 << 30
 DEFAULT_IMAGE_LIMIT = 16
+DEFAULT_VIDEO_LIMIT = 1  # videos per prompt when limit_mm_per_prompt names none
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -65,6 +66,7 @@ class ModelConfig:
     image_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     max_tokens_per_image: int = 0  # largest embedding count one image can produce
+    max_tokens_per_video_group: int = 0  # same for one video frame group; 0: no video input
     processor_kwargs: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None  # resolved text (None: the checkpoint has none)
     chat_template_source: str = "none"  # where it came from, for the start-up log
@@ -123,15 +125,21 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.stall_steps is not None and self.stall_steps < 1:
             raise ValueError(f"stall_steps must be >= 1, got {self.stall_steps}")
-        unknown = set(self.limit_mm_per_prompt) - {"image"}
+        unknown = set(self.limit_mm_per_prompt) - {"image", "video"}
         if unknown:
-            raise ValueError(f"limit_mm_per_prompt supports only 'image', got {sorted(unknown)}")
-        if self.limit_mm_per_prompt.get("image", 0) < 0:
+            raise ValueError(
+                f"limit_mm_per_prompt supports only 'image' and 'video', got {sorted(unknown)}"
+            )
+        if any(count < 0 for count in self.limit_mm_per_prompt.values()):
             raise ValueError(f"limit_mm_per_prompt must be >= 0, got {self.limit_mm_per_prompt}")
 
     @property
     def max_images_per_prompt(self) -> int:
         return self.limit_mm_per_prompt.get("image", DEFAULT_IMAGE_LIMIT)
+
+    @property
+    def max_videos_per_prompt(self) -> int:
+        return self.limit_mm_per_prompt.get("video", DEFAULT_VIDEO_LIMIT)
 
 
 @dataclass(frozen=True)

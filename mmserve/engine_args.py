@@ -137,8 +137,8 @@ class EngineArgs:
     max_num_seqs: int = _arg(64, "max requests in the running batch")
     disable_chunked_mm_input: bool = _arg(False, "never split an image's tokens across chunks")
     limit_mm_per_prompt: dict[str, int] = _arg(
-        {"image": 16}, "max items per prompt as JSON, e.g. '{\"image\": 2, \"video\": 0}'"
-        " (video and audio: 0 only)", type=parse_mm_limits,
+        {"image": 16}, "max items per prompt as JSON, e.g. '{\"image\": 2, \"video\": 1}'"
+        " (video: 1 unless given; audio: 0 only)", type=parse_mm_limits,
     )  # fmt: skip
     stall_steps: int | None = _arg(None, "steps without progress before a request fails")
     encoder_store_dir: str | None = _arg(
@@ -197,10 +197,10 @@ class EngineArgs:
         if fraction is not None and not 0 < fraction <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {fraction}")
         for modality, count in self.limit_mm_per_prompt.items():
-            if modality != "image" and count > 0:
+            if modality not in ("image", "video") and count > 0:
                 raise ValueError(
-                    f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image input"
-                    f" only, got {modality}={count}; set it to 0 or leave it out"
+                    f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image and video"
+                    f" input only, got {modality}={count}; set it to 0 or leave it out"
                 )
 
     def ignored_settings(self) -> list[str]:
@@ -306,6 +306,8 @@ class EngineArgs:
             encoder_cache_size=self.encoder_cache_size,
             max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
             # other modalities are all 0 here (checked in __post_init__)
-            limit_mm_per_prompt={k: v for k, v in self.limit_mm_per_prompt.items() if k == "image"},
+            limit_mm_per_prompt={
+                k: v for k, v in self.limit_mm_per_prompt.items() if k in ("image", "video")
+            },
             stall_steps=self.stall_steps,
         )

@@ -105,7 +105,7 @@ def test_vllm_settings_map_onto_engine_args() -> None:
     )  # fmt: skip
     assert args.kv_cache_memory == 2 << 30
     assert (args.seed, args.max_num_seqs, args.enable_prefix_caching) == (3, 5, False)
-    assert args.scheduler_config().limit_mm_per_prompt == {"image": 2}
+    assert args.scheduler_config().limit_mm_per_prompt == {"image": 2, "video": 0}
     notes = "\n".join(args.ignored_settings())
     for flag in ("--trust-remote-code", "--enforce-eager", "--gpu-memory-utilization 0.9"):
         assert flag in notes
@@ -120,7 +120,7 @@ def test_vllm_settings_map_onto_engine_args() -> None:
     ("argv", "named"),
     [
         (["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
-        (["--limit-mm-per-prompt", '{"image": 1, "video": 2}'], "video=2"),
+        (["--limit-mm-per-prompt", '{"image": 1, "audio": 2}'], "audio=2"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
     ],
 )

@@ -141,17 +141,32 @@ class Admission:
         uuids: Sequence[str | None] | None,
         cache_salt: str | None,
         mm_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
-        """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch)."""
+        """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch);
+        ``videos``: decoded videos, preprocessed in the media threads."""
         processor = self.engine.processor
         processor.check_num_images(len(images))  # before any fetch or decode
+        processor.videos.check_count(len(videos))
         processor.check_mm_kwargs(mm_kwargs)
         sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
         prepared = await gather_or_cancel(
             *(self.prepare_image(src, cache_salt, mm_kwargs) for src in sources)
         )
+        prepared_videos = await gather_or_cancel(
+            *(
+                self.executors.media(processor.prepare_video, v, mm_kwargs, cache_salt)
+                for v in videos
+            )
+        )
         processed = await self.executors.text(
-            self.engine.process_inputs, prompt, prepared, uuids, cache_salt, mm_kwargs
+            self.engine.process_inputs,
+            prompt,
+            prepared,
+            uuids,
+            cache_salt,
+            mm_kwargs,
+            prepared_videos,
         )
         if processed.store_lookup is not None:  # the encoder store's, up to its deadline
             await processed.store_lookup.wait_async(self.engine.store_timeout_s)

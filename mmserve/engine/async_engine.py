@@ -186,6 +186,7 @@ class AsyncLLMEngine:
         request_id: str | None = None,
         cache_salt: str | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs of one request until it finishes.
 
@@ -210,7 +211,7 @@ class AsyncLLMEngine:
         try:
             try:
                 processed = await self.admission.admit(
-                    prompt, images, uuids, cache_salt, mm_processor_kwargs
+                    prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
                 )
                 params = params(len(processed.prompt_token_ids)) if callable(params) else params
             except ValueError:

@@ -92,6 +92,7 @@ class LLMEngine:
             sc.max_images_per_prompt,
             media_policy or MediaFetchPolicy(allowed_local_path=allowed_local_path),
             functools.partial(load_image_processor, mc.path),
+            sc.max_videos_per_prompt,
         )
         self.model = load_model(mc, self.device)
         with torch.inference_mode():  # the logits width, which token ids in requests must fit
@@ -197,14 +198,19 @@ class LLMEngine:
         uuids: Sequence[str | None] | None = None,
         cache_salt: str | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
+        ``videos``: decoded videos (``VideoFrames``, PIL frame lists, arrays) or
+        ``PreparedVideo``s, one item per frame group.
         ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
         prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
         engine's image processor settings for this prompt's images (part of their keys)."""
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
-        processed = self.processor.process(prompt, images, uuids, cache_salt, mm_processor_kwargs)
+        processed = self.processor.process(
+            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+        )
         n = len(processed.prompt_token_ids)
         if n >= self.max_model_len:
             raise ValueError(
@@ -214,8 +220,9 @@ class LLMEngine:
         capacity = self.scheduler.encoder_cache.capacity
         for item in processed.mm_items:
             if item.length > min(capacity, self.encoder_budget):
+                what = "an image" if item.video is None else "a video frame group"
                 raise ValueError(
-                    f"an image needs {item.length} embeddings, more than the encoder cache"
+                    f"{what} needs {item.length} embeddings, more than the encoder cache"
                     f" ({capacity}) or the per-step encoder budget ({self.encoder_budget})"
                 )
         if self.store is not None and processed.mm_items:  # keys are final (salted) here

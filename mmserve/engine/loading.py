@@ -60,6 +60,7 @@ def build_model_config(
         image_token_id=getattr(hf_config, "image_token_id", None),
         eos_token_ids=eos,
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
+        max_tokens_per_video_group=model_cls.max_tokens_per_video_group(hf_config, kwargs),
         processor_kwargs=kwargs,
         chat_template=template,
         chat_template_source=template_source,

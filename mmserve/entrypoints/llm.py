@@ -35,7 +35,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """``prompts``: a str / token-id list / {"prompt" | "prompt_token_ids", "images",
-        "uuids", "cache_salt", "mm_processor_kwargs"} dict, or a list of them. Outputs come back in
+        "videos" (decoded: ``VideoFrames``, PIL frame lists, [T, H, W, 3] uint8 arrays), "uuids",
+        "cache_salt", "mm_processor_kwargs"} dict, or a list of them. Outputs come back in
         input order; a request that failed alone (its input broke a step) has finish_reason
         "error" and ``.error``."""
         if isinstance(prompts, (str, dict)) or (
@@ -98,7 +99,12 @@ class LLM:
             )
         processed = [  # validate all first
             self.engine.process_inputs(
-                inp.prompt, inp.images, inp.uuids, inp.cache_salt, inp.mm_processor_kwargs
+                inp.prompt,
+                inp.images,
+                inp.uuids,
+                inp.cache_salt,
+                inp.mm_processor_kwargs,
+                inp.videos,
             )
             for inp in inputs
         ]

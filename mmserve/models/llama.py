@@ -153,6 +153,11 @@ class LlamaLMHeadMixin:
         self.head_dim = attn.head_dim
 
     @staticmethod
+    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        """The most embeddings one temporal frame group of a video gives; 0: no video input."""
+        return 0
+
+    @staticmethod
     def tied_weights(hf_config) -> dict[str, str]:
         """``lm_head.weight`` copies the input embeddings when the checkpoint ties them."""
         if not getattr(hf_config, "tie_word_embeddings", False):

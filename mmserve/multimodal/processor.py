@@ -1,4 +1,5 @@
-"""Prompt + images -> token ids with expanded placeholders and per-image (hash, offset, length)."""
+"""Prompt + images + videos -> token ids with expanded placeholders and per-item (hash, offset,
+length): one item per image, one per video frame group."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
+from mmserve.multimodal.video_inputs import VideoInputs
+from mmserve.multimodal.video_prep import PreparedVideo
 
 
 class InputProcessor:
@@ -35,12 +38,14 @@ class InputProcessor:
         max_images: int,
         media_policy: MediaFetchPolicy,
         load_image_processor: Callable[[dict[str, Any]], Any] | None = None,
+        max_videos: int = 0,
     ) -> None:
         """``load_image_processor``: merged processor kwargs -> image processor (needed for
         per-request ``mm_processor_kwargs``)."""
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.max_images = max_images
+        self.videos = VideoInputs(model_config, max_videos)
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
@@ -66,45 +71,55 @@ class InputProcessor:
         uuids: Sequence[str | None] | None = None,
         cache_salt: str | None = None,
         mm_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
-        """Token ids with expanded placeholders and one item per image. ``images`` may hold
-        ``PreparedImage``s (from ``prepare_image`` with the same ``mm_kwargs``, e.g. run in
-        another thread) or sources."""
+        """Token ids with expanded placeholders, one item per image and one per video frame
+        group. ``images`` may hold ``PreparedImage``s (from ``prepare_image`` with the same
+        ``mm_kwargs``, e.g. run in another thread) or sources; ``videos`` ``PreparedVideo``s
+        (``prepare_video``) or decoded videos."""
         merged = self.check_mm_kwargs(mm_kwargs)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
-        image_token = self.model_config.image_token_id
-        places = (
-            np.flatnonzero(ids == image_token)
-            if image_token is not None
-            else np.empty(0, dtype=np.int64)
-        )
-        if len(places) != len(images):
-            raise ValueError(
-                f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"
-                " were given"
-            )
+        places = _places(ids, self.model_config.image_token_id, len(images), "image")
+        video_places = _places(ids, self.videos.token_id, len(videos), "video")
         self.check_num_images(len(images))
+        self.videos.check_count(len(videos))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
-        if not len(images):
+        if not len(images) and not len(videos):
             return ProcessedPrompt(ids.tolist(), [])
+        order = sorted([(int(p), i, False) for i, p in enumerate(places)] + [
+            (int(p), i, True) for i, p in enumerate(video_places)
+        ])  # fmt: skip
         repeats = np.ones_like(ids)
         items: list[MultiModalItem] = []
         shift = 0
-        for i, (place, source) in enumerate(zip(places, images, strict=True)):
-            prepared = (
-                source
-                if isinstance(source, PreparedImage)
-                else self.prepare_image(source, cache_salt, mm_kwargs)
-            )
-            uuid = uuids[i] if uuids is not None else None
-            key = self.item_key(prepared, uuid, cache_salt, merged)
-            repeats[place] = prepared.length
-            items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
-            shift += prepared.length - 1
+        for place, i, is_video in order:
+            if is_video:
+                video = videos[i]
+                if not isinstance(video, PreparedVideo):
+                    video = self.prepare_video(video, mm_kwargs, cache_salt)
+                items += video.items(place + shift, cache_salt)
+                length = video.length
+            else:
+                prepared = images[i]
+                if not isinstance(prepared, PreparedImage):
+                    prepared = self.prepare_image(prepared, cache_salt, mm_kwargs)
+                uuid = uuids[i] if uuids is not None else None
+                key = self.item_key(prepared, uuid, cache_salt, merged)
+                length = prepared.length
+                items.append(MultiModalItem(key, place + shift, length, prepared.data))
+            repeats[place] = length
+            shift += length - 1
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
+
+    def prepare_video(
+        self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
+    ) -> PreparedVideo:
+        """Check, hash and preprocess one decoded video with the prompt's processor settings
+        (memoized per tenant). Thread-safe."""
+        return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
@@ -157,6 +172,16 @@ class InputProcessor:
             prepared = preparer.prepare(raw)
             self.memo.put(key, prepared)
         return prepared
+
+
+def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.ndarray:
+    """Indices of ``token`` in ``ids``; ValueError unless there is one per given item."""
+    places = np.flatnonzero(ids == token) if token is not None else np.empty(0, np.int64)
+    if len(places) != count:
+        raise ValueError(
+            f"prompt has {len(places)} {kind} placeholder(s) but {count} {kind}(s) were given"
+        )
+    return places
 
 
 def memo_key(
