@@ -5,17 +5,29 @@ classes only hold and validate them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 GiB = 1 << 30
 DEFAULT_IMAGE_LIMIT = 16
-DEFAULT_VIDEO_LIMIT = 1
+DEFAULT_VIDEO_LIMIT = 1  # videos per prompt when limit_mm_per_prompt names none
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch", "flex")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+DEVICE_SYNTAX = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
+
+
+def check_device_syntax(requested: str) -> None:
+    """ValueError unless ``requested`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    if not DEVICE_SYNTAX.fullmatch(requested):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {requested!r}")
 
 
 def checkpoint_dtype(hf_config: Any) -> str | None:
@@ -30,13 +42,13 @@ def checkpoint_dtype(hf_config: Any) -> str | None:
 
 def resolve_dtype(requested: str, declared: str | None, device: str) -> str:
     """``auto``: float32 on CPU (the compiled attention kernel runs float32; half precision on
-    CPU takes the slower pure-torch path), else the checkpoint's dtype (float32 if it declares
-    none or one mmserve does not run). Any other value is returned as it is."""
+    CPU takes the slower pure-torch path); on CUDA the checkpoint's dtype when it is a half
+    one (float16 / bfloat16), else bfloat16. Any other value is returned as it is."""
     if requested != "auto":
         return requested
-    if device.split(":")[0] == "cpu" or declared not in _DTYPES:
+    if device.split(":")[0] == "cpu":
         return "float32"
-    return declared
+    return declared if declared in ("float16", "bfloat16") else "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -50,9 +62,11 @@ class ModelConfig:
     dtype: str = "float32"
     max_model_len: int = 2048
     hidden_size: int = 0
+    embedding_width: int = 0  # columns of one encoder-output row (0: hidden_size)
     image_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     max_tokens_per_image: int = 0  # largest embedding count one image can produce
+    max_tokens_per_video_group: int = 0  # same for one video frame group; 0: no video input
     processor_kwargs: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None  # resolved text (None: the checkpoint has none)
     chat_template_source: str = "none"  # where it came from, for the start-up log
@@ -65,6 +79,11 @@ class ModelConfig:
     @property
     def dtype_bytes(self) -> int:
         return 4 if self.dtype == "float32" else 2
+
+    @property
+    def bytes_per_embedding(self) -> int:
+        """Bytes of one encoder-cache row (DeepStack models keep wider rows)."""
+        return (self.embedding_width or self.hidden_size) * self.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -124,9 +143,51 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class EncoderStoreConfig:
+    """The encoder store's tiers below the encoder cache (see ``mmserve.store``)."""
+
+    ram_bytes: int  # L1 host RAM; 0: no L1
+    disk_dir: str | None  # L2; None: no L2
+    disk_bytes: int
+    redis_url: str | None  # L3; None: no L3
+    secret: str | None = field(repr=False)  # MAC secret; None: $MMSERVE_ENCODER_STORE_SECRET
+    ttl_s: int = 86400
+    timeout_ms: float = 50.0
+    write_queue: int = 64
+
+    def __post_init__(self) -> None:
+        """ValueError naming the ``encoder_store_*`` setting that is out of range."""
+        checks = (
+            ("encoder_store_ram", self.ram_bytes, 0),
+            ("encoder_store_disk_bytes", self.disk_bytes, 1),
+            ("encoder_store_ttl", self.ttl_s, 1),
+            ("encoder_store_write_queue", self.write_queue, 1),
+        )
+        for name, value, least in checks:
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not self.timeout_ms > 0:
+            raise ValueError(f"encoder_store_timeout_ms must be > 0, got {self.timeout_ms!r}")
+        if self.disk_dir == "":
+            raise ValueError("encoder_store_dir must be a directory path, got ''")
+        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                "encoder_store_redis must be a redis://, rediss:// or unix:// URL,"
+                f" got {self.redis_url!r}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ram_bytes or self.disk_dir or self.redis_url)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig
     scheduler: SchedulerConfig
     seed: int = 0
     attention_backend: str = "auto"
+    device: str = "cpu"  # resolved: cpu or cuda:N
+    gpu_memory_utilization: float = 0.9  # CUDA only: the fraction of device memory to use
+    encoder_store: EncoderStoreConfig | None = None  # None: no store (today's path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -21,7 +22,14 @@ from mmserve.arg_types import (
     parse_json_object,
     parse_mm_limits,
 )
-from mmserve.config import ATTENTION_BACKENDS, CacheConfig, GiB, SchedulerConfig
+from mmserve.config import (
+    ATTENTION_BACKENDS,
+    CacheConfig,
+    EncoderStoreConfig,
+    GiB,
+    SchedulerConfig,
+    check_device_syntax,
+)
 
 __all__ = ["EngineArgs", "parse_bytes", "parse_json_object", "parse_mm_limits"]
 
@@ -38,11 +46,21 @@ def _scalar_type(annotation: str) -> type:
     return float if "float" in annotation else int if "int" in annotation else str
 
 
-def _arg(default: Any, help_text: str, **cli: Any) -> Any:
-    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``)."""
+def _arg(default: Any, help_text: str, secret: bool = False, **cli: Any) -> Any:
+    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``);
+    ``secret``: left out of the repr (and so of logs)."""
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata={"help": help_text, **cli})
-    return field(default=default, metadata={"help": help_text, **cli})
+    return field(default=default, repr=not secret, metadata={"help": help_text, **cli})
+
+
+def _env_arg(env: str, default: str, help_text: str, **cli: Any) -> Any:
+    """A field whose default is ``$env`` when set (the test suite's ``--device`` sets them)."""
+    help_text = f"{help_text}; ${env} sets the default"
+    return field(
+        default_factory=lambda: os.environ.get(env) or default,
+        metadata={"help": help_text, **cli},
+    )
 
 
 @dataclass
@@ -50,17 +68,23 @@ class EngineArgs:
     """Engine settings. Unset (None) fields are autotuned from the model and the others."""
 
     model: str = _arg("tiny-llava", "preset name or HF checkpoint dir")
-    dtype: str = _arg(
-        "auto", "weights / activations: 'auto' is float32 on CPU (the compiled attention kernel's"
-        " dtype) and the checkpoint's dtype elsewhere; half = float16, float = float32",
+    dtype: str = _env_arg(
+        "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is float32 on CPU (the compiled"
+        " attention kernel's dtype) and on CUDA the checkpoint's half dtype, else bfloat16;"
+        " half = float16, float = float32",
         choices=DTYPES,
     )  # fmt: skip
     seed: int = _arg(0, "engine seed (sampling without a per-request seed)")
-    device: str = _arg("cpu", "torch device")
+    device: str = _env_arg(
+        "MMSERVE_DEVICE", "auto", "auto (CUDA when torch sees a GPU, else CPU), cpu, cuda or"
+        " cuda:N", metavar="auto|cpu|cuda[:N]",
+    )  # fmt: skip
     attention_backend: str = _arg(
         "auto",
         "LM attention: 'cpu-kernel' (compiled, reads the paged KV cache in place; CPU float32),"
-        " 'torch' (gather + SDPA, any device/dtype), 'auto' (the kernel where it applies)",
+        " 'torch' (gather + SDPA, any device/dtype), 'flex' (torch flex_attention over the paged"
+        " cache, no gathered copies; compiled on CUDA), 'auto' (the kernel where it applies,"
+        " else torch)",
         choices=ATTENTION_BACKENDS,
     )
     max_model_len: int | None = _arg(
@@ -92,8 +116,9 @@ class EngineArgs:
         type=parse_bytes, aliases=("--kv-cache-memory-bytes",),
     )  # fmt: skip
     gpu_memory_utilization: float | None = _arg(
-        None, "vLLM compatibility: accepted (0 < f <= 1) and ignored; the KV cache is sized by"
-        " --kv-cache-memory-bytes / --num-kv-blocks",
+        None, "CUDA: the fraction of the GPU's memory mmserve may use (weights, peak activations"
+        " from a profiling pass, encoder cache; the rest is KV cache), 0.9 when unset; ignored"
+        " on CPU, where --kv-cache-memory-bytes / --num-kv-blocks size the KV cache",
     )  # fmt: skip
     enable_prefix_caching: bool = _arg(True, "reuse KV blocks of shared prefixes, images included")
     prefix_caching_hash_algo: str = _arg("xxh3_128", "block hash", choices=HASH_ALGOS)
@@ -113,9 +138,38 @@ class EngineArgs:
     disable_chunked_mm_input: bool = _arg(False, "never split an image's tokens across chunks")
     limit_mm_per_prompt: dict[str, int] = _arg(
         {"image": 16}, "max items per prompt as JSON, e.g. '{\"image\": 2, \"video\": 1}'"
-        " (video default 1; audio: 0 only)", type=parse_mm_limits,
+        " (video: 1 unless given; audio: 0 only)", type=parse_mm_limits,
     )  # fmt: skip
     stall_steps: int | None = _arg(None, "steps without progress before a request fails")
+    encoder_store_dir: str | None = _arg(
+        None, "encoder store L2: a local directory keeping encoder outputs across restarts"
+    )
+    encoder_store_redis: str | None = _arg(
+        None, "encoder store L3: redis://host:port/db shared by replicas (needs a secret)",
+        metavar="URL",
+    )  # fmt: skip
+    encoder_store_secret: str | None = _arg(
+        None, "encoder store MAC secret, the same on every replica sharing L3 (default:"
+        " $MMSERVE_ENCODER_STORE_SECRET; for L2 alone a random one kept in the directory)",
+        secret=True,
+    )  # fmt: skip
+    encoder_store_ram: int | None = _arg(
+        None, "encoder store L1 host RAM for evicted encoder outputs, e.g. 2GiB (default: 1 GiB"
+        " when a disk or Redis tier is set, else off; 0: off)", type=parse_bytes,
+    )  # fmt: skip
+    encoder_store_disk_bytes: int = _arg(
+        16 * GiB, "encoder store L2 byte cap (least recently used files go first)",
+        type=parse_bytes,
+    )  # fmt: skip
+    encoder_store_ttl: int = _arg(
+        86400, "encoder store L3 entry lifetime in seconds (refreshed on read)"
+    )
+    encoder_store_timeout_ms: float = _arg(
+        50.0, "how long admission waits for a request's store lookups before encoding instead"
+    )
+    encoder_store_write_queue: int = _arg(
+        64, "encoder store write-behind queue length (full: writes are dropped and counted)"
+    )
     tensor_parallel_size: int = _arg(
         1, "vLLM compatibility: mmserve runs a model on one device, so only 1 is accepted",
         aliases=("-tp",),
@@ -133,6 +187,7 @@ class EngineArgs:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check_device_syntax(self.device)
         if self.tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size (--tensor-parallel-size) must be 1: mmserve runs a model"
@@ -142,10 +197,10 @@ class EngineArgs:
         if fraction is not None and not 0 < fraction <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {fraction}")
         for modality, count in self.limit_mm_per_prompt.items():
-            if modality == "audio" and count > 0:
+            if modality not in ("image", "video") and count > 0:
                 raise ValueError(
-                    f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image and"
-                    f" video input only, got {modality}={count}; set it to 0 or leave it out"
+                    f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image and video"
+                    f" input only, got {modality}={count}; set it to 0 or leave it out"
                 )
 
     def ignored_settings(self) -> list[str]:
@@ -155,11 +210,11 @@ class EngineArgs:
             notes.append("--trust-remote-code is ignored: mmserve runs no code from checkpoints")
         if self.enforce_eager:
             notes.append("--enforce-eager is ignored: mmserve always runs eagerly (no graphs)")
-        if self.gpu_memory_utilization is not None:
+        if self.gpu_memory_utilization is not None and self.device == "cpu":
             notes.append(
-                f"--gpu-memory-utilization {self.gpu_memory_utilization} is ignored: the KV"
-                f" cache is sized by --kv-cache-memory-bytes ({self.kv_cache_memory} bytes) or"
-                " --num-kv-blocks"
+                f"--gpu-memory-utilization {self.gpu_memory_utilization} is ignored on CPU: the"
+                f" KV cache is sized by --kv-cache-memory-bytes ({self.kv_cache_memory} bytes)"
+                " or --num-kv-blocks"
             )
         return notes
 
@@ -226,6 +281,23 @@ class EngineArgs:
             enable_encoder_cache=self.enable_encoder_cache,
         )
 
+    def encoder_store_config(self) -> EncoderStoreConfig | None:
+        """None when no tier is set: the engine runs without a store (today's path)."""
+        ram = self.encoder_store_ram
+        if ram is None:
+            ram = 1 * GiB if (self.encoder_store_dir or self.encoder_store_redis) else 0
+        config = EncoderStoreConfig(
+            ram_bytes=ram,
+            disk_dir=self.encoder_store_dir,
+            disk_bytes=self.encoder_store_disk_bytes,
+            redis_url=self.encoder_store_redis,
+            secret=self.encoder_store_secret,
+            ttl_s=self.encoder_store_ttl,
+            timeout_ms=self.encoder_store_timeout_ms,
+            write_queue=self.encoder_store_write_queue,
+        )
+        return config if config.enabled else None
+
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
             max_num_batched_tokens=self.max_num_batched_tokens,
@@ -233,7 +305,7 @@ class EngineArgs:
             disable_chunked_mm_input=self.disable_chunked_mm_input,
             encoder_cache_size=self.encoder_cache_size,
             max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
-            # audio is 0 here (checked in __post_init__)
+            # other modalities are all 0 here (checked in __post_init__)
             limit_mm_per_prompt={
                 k: v for k, v in self.limit_mm_per_prompt.items() if k in ("image", "video")
             },

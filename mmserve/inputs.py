@@ -7,13 +7,32 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class VideoGroup:
+    """Where a ``MultiModalItem`` sits in its video: temporal frame group ``index`` of
+    ``num_groups`` (the video's grid t), each group ``second_per_grid_t`` seconds apart."""
+
+    index: int
+    num_groups: int
+    second_per_grid_t: float
+
+
+@dataclass(frozen=True)
 class MultiModalItem:
-    """One image of a prompt: its content hash and placeholder range [offset, offset+length)."""
+    """One image, or one temporal frame group of a video (``video`` set), of a prompt: its
+    content hash and placeholder range [offset, offset+length). A video's groups are
+    consecutive items with contiguous ranges; each is encoded and cached on its own."""
 
     hash: str
     offset: int
     length: int
     data: Any = None  # processor output (e.g. pixel_values array) the encoder consumes
+    video: VideoGroup | None = None
+    # the embedding the encoder store returned (a host tensor): loaded instead of encoded
+    stored: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def modality(self) -> str:
+        return "image" if self.video is None else "video"
 
     @property
     def end(self) -> int:
@@ -28,11 +47,12 @@ class MultiModalItem:
 
 @dataclass
 class ProcessedPrompt:
-    """A prompt after admission: token ids with each image's placeholders expanded, and one
-    ``MultiModalItem`` per image in prompt order."""
+    """A prompt after admission: token ids with each image's and video's placeholders
+    expanded, and one ``MultiModalItem`` per image and per video frame group in prompt order."""
 
     prompt_token_ids: list[int]
     mm_items: list[MultiModalItem]
+    store_lookup: Any = None  # the encoder store's pending lookups (a StoreLookup), if any
 
 
 @dataclass(frozen=True)
@@ -78,9 +98,12 @@ class PromptInput:
             images = prompt.get("images", mm_data.get("image", []))
             images = list(images) if isinstance(images, (list, tuple)) else [images]
             videos = prompt.get("videos", mm_data.get("video", []))
-            # one video may itself be a list of frames: a list of lists is several videos
+            # one video may itself be a list of frames: a list of lists (or of [T, H, W, 3]
+            # arrays) is several videos
             if not isinstance(videos, (list, tuple)) or (
-                videos and not isinstance(videos[0], (list, tuple, VideoFrames, str, bytes))
+                videos
+                and not isinstance(videos[0], (list, tuple, VideoFrames, str, bytes))
+                and getattr(videos[0], "ndim", None) != 4
             ):
                 videos = [videos]
             return cls(

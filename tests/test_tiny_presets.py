@@ -231,5 +231,11 @@ def test_public_api() -> None:
         "tiny-qwen2-vl-small",
         "tiny-qwen2.5-vl",
         "tiny-qwen2.5-vl-small",
+        "tiny-qwen3-vl",
+        "tiny-qwen3-vl-small",
+        "tiny-llava-onevision",
+        "tiny-llava-onevision-small",
+        "tiny-llava-next",
+        "tiny-llava-next-small",
     )
     assert set(tiny.__all__) >= {"PRESET_NAMES", "build_preset", "resolve_model_path"}

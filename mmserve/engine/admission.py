@@ -17,6 +17,7 @@ from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaKind, is_http_url
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
+from mmserve.multimodal.video_prep import PreparedVideo
 from mmserve.multimodal.video_source import video_memo_key
 
 if TYPE_CHECKING:
@@ -147,10 +148,10 @@ class Admission:
         videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch);
-        ``videos``: video sources, handed to the engine decoded (``VideoFrames``)."""
+        ``videos``: video sources (``video_source``), decoded and preprocessed off the loop."""
         processor = self.engine.processor
         processor.check_num_images(len(images))  # before any fetch or decode
-        processor.check_num_videos(len(videos))
+        processor.videos.check_count(len(videos))
         processor.check_mm_kwargs(mm_kwargs)
         sources = await gather_or_cancel(
             *(self._fetch_if_remote(src) for src in images),
@@ -159,18 +160,20 @@ class Admission:
         image_sources, video_sources = sources[: len(images)], sources[len(images) :]
         prepared = await gather_or_cancel(
             *(self.prepare_image(src, cache_salt, mm_kwargs) for src in image_sources),
-            *(self.decode_video(src, cache_salt, mm_kwargs) for src in video_sources),
+            *(self.prepare_video(src, cache_salt, mm_kwargs) for src in video_sources),
         )
-        frames = prepared[len(images) :]
-        return await self.executors.text(
+        processed = await self.executors.text(
             self.engine.process_inputs,
             prompt,
             prepared[: len(images)],
             uuids,
             cache_salt,
             mm_kwargs,
-            frames,
+            prepared[len(images) :],
         )
+        if processed.store_lookup is not None:  # the encoder store's, up to its deadline
+            await processed.store_lookup.wait_async(self.engine.store_timeout_s)
+        return processed
 
     async def prepare_image(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
@@ -192,6 +195,15 @@ class Admission:
         if key is not None:
             processor.memo.put(key, prepared)
         return prepared
+
+    async def prepare_video(
+        self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
+    ) -> PreparedVideo:
+        """Decode (``decode_video``), then preprocess and hash in the media threads (the
+        processor's per-tenant memo first)."""
+        frames = await self.decode_video(source, cache_salt, mm_kwargs)
+        processor = self.engine.processor
+        return await self.executors.media(processor.prepare_video, frames, mm_kwargs, cache_salt)
 
     async def decode_video(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from mmserve.engine.loading import (
     torch_dtype,
 )
 from mmserve.engine.malloc_tuning import tune_malloc
+from mmserve.engine.memory_profile import num_kv_blocks
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
@@ -46,6 +48,7 @@ from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
+from mmserve.store import EncoderStore, open_encoder_store
 from mmserve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -57,17 +60,18 @@ class LLMEngine:
     def __init__(
         self,
         config: EngineConfig,
-        device: str = "cpu",
+        device: str | None = None,
         allowed_local_path: Any = True,
         media_policy: MediaFetchPolicy | None = None,
     ) -> None:
-        """``media_policy`` says which image URLs / files may be read (default: public URLs,
-        and local files as ``allowed_local_path`` says: True any, a directory below it)."""
+        """``device`` overrides ``config.device``; ``media_policy`` says which image URLs /
+        files may be read (default: public URLs, and local files as ``allowed_local_path``
+        says: True any, a directory below it)."""
         tune_malloc()  # opt-in: glibc keeps freed memory (MMSERVE_MALLOC_TUNING=1)
         self.config = config
         mc, sc, cc = config.model, config.scheduler, config.cache
         torch.manual_seed(config.seed)
-        self.device = torch.device(device)
+        self.device = torch.device(device or config.device)
         self.tokenizer = load_tokenizer(mc.path)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.chat_template = ChatTemplate.of(
@@ -97,7 +101,9 @@ class LLMEngine:
         self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
         self.encoder_budget, _ = compute_encoder_budget(mc, sc)
         capacity = encoder_cache_capacity(mc, sc, cc)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = num_kv_blocks(
+            config, self.model, self.device, capacity, self.encoder_budget, self.processor
+        )
         if mc.max_model_len > num_blocks * cc.block_size:
             raise ValueError(
                 f"max_model_len={mc.max_model_len} is more than the KV cache holds"
@@ -122,7 +128,7 @@ class LLMEngine:
                 cc.prefix_caching_hash_algo,
                 cc.prefix_caching_seed,
             ),
-            EncoderCacheManager(capacity, mc.hidden_size * mc.dtype_bytes, cc.enable_encoder_cache),
+            EncoderCacheManager(capacity, mc.bytes_per_embedding, cc.enable_encoder_cache),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
             encoder_compute_budget=self.encoder_budget,
@@ -139,6 +145,12 @@ class LLMEngine:
             backend,
             frozenset(mc.eos_token_ids),
         )
+        self.store: EncoderStore | None = None
+        if config.encoder_store is not None:
+            self.store = open_encoder_store(
+                config.encoder_store, mc.path, mc.dtype, torch_dtype(mc.dtype)
+            )
+            self.runner.encoder.sink = self.store
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
         self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
         self.dead: BaseException | None = None
@@ -168,7 +180,7 @@ class LLMEngine:
         allowed_local_path: Any = True,
         media_policy: MediaFetchPolicy | None = None,
     ) -> LLMEngine:
-        return cls(create_engine_config(args), args.device, allowed_local_path, media_policy)
+        return cls(create_engine_config(args), None, allowed_local_path, media_policy)
 
     def _default_stall_steps(self) -> int:
         """Generously more steps than the progress argument in ``Scheduler`` needs before the
@@ -177,20 +189,6 @@ class LLMEngine:
         mc, sc = self.config.model, self.config.scheduler
         tokens = mc.max_model_len + sc.max_num_seqs * mc.max_tokens_per_image
         return 2 * (cdiv(tokens, sc.max_num_batched_tokens) + sc.max_images_per_prompt) + 64
-
-    def _num_kv_blocks(self) -> int:
-        cc, mc, sc = self.config.cache, self.config.model, self.config.scheduler
-        if cc.num_kv_blocks is not None:
-            return cc.num_kv_blocks
-        per_block = PagedKVCache.bytes_per_block(
-            self.model.num_layers,
-            cc.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            mc.dtype_bytes,
-        )
-        wanted = sc.max_num_seqs * cdiv(mc.max_model_len, cc.block_size)
-        return max(1, min(wanted, cc.kv_cache_memory // per_block))
 
     # ---- admission ---------------------------------------------------------------------
     def process_inputs(
@@ -203,15 +201,15 @@ class LLMEngine:
         videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
-        ``videos``: sources or ``VideoFrames`` (the server's admission decodes them first).
+        ``videos``: decoded videos (``VideoFrames``, PIL frame lists, arrays) or
+        ``PreparedVideo``s, one item per frame group.
         ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
         prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
         engine's image processor settings for this prompt's images (part of their keys)."""
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
-        mm: dict[str, Any] = {"videos": list(videos)} if videos else {}
         processed = self.processor.process(
-            prompt, images, uuids, cache_salt, mm_processor_kwargs, **mm
+            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
         )
         n = len(processed.prompt_token_ids)
         if n >= self.max_model_len:
@@ -222,11 +220,38 @@ class LLMEngine:
         capacity = self.scheduler.encoder_cache.capacity
         for item in processed.mm_items:
             if item.length > min(capacity, self.encoder_budget):
+                what = "an image" if item.video is None else "a video frame group"
                 raise ValueError(
-                    f"an image needs {item.length} embeddings, more than the encoder cache"
+                    f"{what} needs {item.length} embeddings, more than the encoder cache"
                     f" ({capacity}) or the per-step encoder budget ({self.encoder_budget})"
                 )
+        if self.store is not None and processed.mm_items:  # keys are final (salted) here
+            cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
+            processed.store_lookup = self.store.lookup(processed.mm_items, cached)
         return processed
+
+    @property
+    def store_timeout_s(self) -> float:
+        store = self.config.encoder_store
+        return 0.0 if store is None else store.timeout_ms / 1000
+
+    def wait_for_store(self, prompts: Sequence[ProcessedPrompt]) -> None:
+        """Wait, at most the store deadline in all, for these prompts' store lookups (the
+        offline path; the server awaits them in ``Admission``). Never on the engine thread."""
+        deadline = time.monotonic() + self.store_timeout_s
+        for processed in prompts:
+            if processed.store_lookup is not None:
+                processed.store_lookup.wait(max(0.0, deadline - time.monotonic()))
+
+    def _attach_store_hits(self, processed: ProcessedPrompt) -> None:
+        """Lookups resolved by now become loads; one still pending is a miss (encoded)."""
+        hits = processed.store_lookup.hits()
+        processed.store_lookup = None
+        if hits:
+            processed.mm_items = [
+                dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
+                for item in processed.mm_items
+            ]
 
     def add_processed(
         self,
@@ -255,6 +280,8 @@ class LLMEngine:
             params = dataclasses.replace(params, max_tokens=room)
         if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
             raise ValueError(f"request id {req_id!r} is already in use")
+        if processed.store_lookup is not None:
+            self._attach_store_hits(processed)
         if params.n == 1:
             self._add_request(req_id, processed, params, prompt_text, cache_salt)
         else:
@@ -306,6 +333,7 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> str:
         processed = self.process_inputs(prompt, images, uuids, cache_salt)
+        self.wait_for_store([processed])
         text = prompt if isinstance(prompt, str) else None
         return self.add_processed(processed, params, request_id, text, cache_salt)
 
@@ -363,6 +391,11 @@ class LLMEngine:
             f" {self.scheduler.kv.pool.num_blocks} KV blocks, stall_steps={limit}; raise the one"
             " this input exceeds (this should not happen for validated settings: please report)"
         )
+
+    def close(self) -> None:
+        """Finish the encoder store's queued writes and stop its threads (if there is one)."""
+        if self.store is not None:
+            self.store.close()
 
     def get_metrics(self) -> dict[str, float]:
         """Every metric of ``engine_metrics.ENGINE_METRICS`` (names and help live there)."""

@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from mmserve.config import EngineConfig, ModelConfig, checkpoint_dtype, resolve_dtype
 from mmserve.engine.chat_template import find_chat_template
+from mmserve.engine.device import resolve_device
 from mmserve.engine.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.models.interface import VisionLanguageModel
@@ -55,9 +56,11 @@ def build_model_config(
         dtype=dtype,
         max_model_len=max_model_len or limit,
         hidden_size=text.hidden_size,
+        embedding_width=model_cls.embedding_width(hf_config),
         image_token_id=getattr(hf_config, "image_token_id", None),
         eos_token_ids=eos,
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
+        max_tokens_per_video_group=model_cls.max_tokens_per_video_group(hf_config, kwargs),
         processor_kwargs=kwargs,
         chat_template=template,
         chat_template_source=template_source,
@@ -66,7 +69,9 @@ def build_model_config(
 
 
 def create_engine_config(args: EngineArgs) -> EngineConfig:
-    """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights)."""
+    """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights);
+    ``--device auto`` is resolved here."""
+    device = resolve_device(args.device)
     model_config = build_model_config(
         args.model,
         args.dtype,
@@ -74,7 +79,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.processor_kwargs,
         args.chat_template,
         args.generation_config,
-        device=args.device,
+        device=device,
     )
     return EngineConfig(
         model_config,
@@ -82,6 +87,9 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.scheduler_config(),
         args.seed,
         args.attention_backend,
+        device,
+        args.gpu_memory_utilization or 0.9,
+        args.encoder_store_config(),
     )
 
 

@@ -35,7 +35,8 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """``prompts``: a str / token-id list / {"prompt" | "prompt_token_ids", "images",
-        "uuids", "cache_salt", "mm_processor_kwargs"} dict, or a list of them. Outputs come back in
+        "videos" (decoded: ``VideoFrames``, PIL frame lists, [T, H, W, 3] uint8 arrays), "uuids",
+        "cache_salt", "mm_processor_kwargs"} dict, or a list of them. Outputs come back in
         input order; a request that failed alone (its input broke a step) has finish_reason
         "error" and ``.error``."""
         if isinstance(prompts, (str, dict)) or (
@@ -107,6 +108,7 @@ class LLM:
             )
             for inp in inputs
         ]
+        self.engine.wait_for_store(processed)  # the lookups all started above
         order: dict[str, int] = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
             text = inp.prompt if isinstance(inp.prompt, str) else None

@@ -10,6 +10,7 @@ import torch
 
 from mmserve.config import ATTENTION_BACKENDS
 from mmserve.kernels import kernel_head_dims, paged_attention_kernel, unavailable_reason
+from mmserve.layers.attention_flex import FlexAttentionPlan, flex_paged_attention
 from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ class AttentionMetadata:
     query_lens_host: list[int]
     seq_lens_host: list[int]
     use_kernel: bool
+    use_flex: bool = False
     _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
+    _flex_plan: FlexAttentionPlan | None = field(default=None, repr=False)
 
     def torch_plan(self) -> TorchAttentionPlan:
         """The pure-torch backend's per-step plan, built once and shared by every layer."""
@@ -45,6 +48,19 @@ class AttentionMetadata:
                 self.block_size,
             )
         return self._torch_plan
+
+    def flex_plan(self, num_slots: int) -> FlexAttentionPlan:
+        """The flex backend's block mask for this step, built once and shared by every layer."""
+        if self._flex_plan is None:
+            self._flex_plan = FlexAttentionPlan.build(
+                self.block_tables,
+                self.query_start_loc,
+                self.seq_lens,
+                self.query_lens_host,
+                self.block_size,
+                num_slots,
+            )
+        return self._flex_plan
 
 
 class PagedKVCache:
@@ -77,7 +93,7 @@ class PagedKVCache:
 
 def select_attention_backend(
     requested: str, device: torch.device, dtype: torch.dtype, head_dim: int
-) -> Literal["cpu-kernel", "torch"]:
+) -> Literal["cpu-kernel", "torch", "flex"]:
     """``auto`` takes the CPU kernel where it applies (CPU, float32, a compiled head_dim);
     asking for ``cpu-kernel`` where it does not is a ValueError naming the reason."""
     if requested not in ATTENTION_BACKENDS:
@@ -86,6 +102,8 @@ def select_attention_backend(
         )
     if requested == "torch":
         return "torch"
+    if requested == "flex":
+        return "flex"
     reason = ""
     if device.type != "cpu":
         reason = f"the CPU kernel does not run on {device}"
@@ -131,4 +149,6 @@ def paged_attention(
             scale,
             meta.block_size,
         )
+    if meta.use_flex:
+        return flex_paged_attention(k_cache, v_cache, q, meta.flex_plan(k_cache.shape[0]), scale)
     return torch_paged_attention(k_cache, v_cache, q, k, v, meta.torch_plan(), scale)

@@ -4,7 +4,8 @@ Every token has three position ids (temporal, height, width). Text tokens use th
 all three rows; the tokens of an image (one per merged patch, row-major over the merged grid)
 get ``start + (t, h, w)`` where ``start`` is the position the image's first token would have had
 as text; text after an image resumes at ``start + max(grid_h, grid_w)`` (merged units). This is
-``transformers``' ``Qwen2VLModel.get_rope_index`` for images, computed once per request with
+``transformers``' ``Qwen2VLModel.get_rope_index`` (videos: one span over all frame groups, the
+temporal index scaled by Qwen2.5-VL's time interval), computed once per request with
 tensor ops; a request's positions are then a slice of its table, and every position past the
 table (generated tokens) is ``index + delta`` in all three rows.
 """
@@ -37,25 +38,35 @@ class MRopePositions:
         return torch.cat((self.table[:, start:], tail), dim=1)
 
 
-def mrope_positions(
-    num_tokens: int, images: Sequence[tuple[int, tuple[int, int, int]]]
-) -> MRopePositions:
-    """Positions of a sequence of ``num_tokens`` tokens with the given images.
+VisionSpan = tuple[int, tuple[int, int, int]] | tuple[int, tuple[int, int, int], float]
 
-    ``images``: (offset of the first placeholder token, (t, h, w) grid in merged units) per
-    image; each image occupies t * h * w consecutive tokens. Loops over images, never tokens.
+
+def mrope_positions(num_tokens: int, spans: Sequence[VisionSpan]) -> MRopePositions:
+    """Positions of a sequence of ``num_tokens`` tokens with the given images and videos.
+
+    ``spans``: (offset of the first placeholder token, (t, h, w) grid in merged units[, time
+    interval]) per image or whole video; each occupies t * h * w consecutive tokens. Temporal
+    index i sits at ``start + int(i * interval)`` (interval in float32: Qwen2.5-VL's
+    ``tokens_per_second * second_per_grid_t`` for videos, else 1). Text after a span resumes
+    at ``start + max(h, w)``, as transformers' ``get_rope_index`` has it; generated tokens
+    continue from the last text position + 1 as transformers' ``generate`` does (not from the
+    table's maximum, which a video's temporal positions can exceed). Loops over spans, never
+    tokens.
     """
     table = torch.empty(3, num_tokens, dtype=torch.long)
     shift = 0  # position minus token index for the current text run
     cursor = 0
-    for offset, (t, h, w) in sorted(images, key=lambda item: item[0]):
+    for offset, (t, h, w), *interval in sorted(spans, key=lambda span: span[0]):
         length = t * h * w
         if offset < cursor or offset + length > num_tokens:
             raise ValueError(f"image at {offset} (+{length}) overlaps another or the end")
         table[:, cursor:offset] = torch.arange(cursor + shift, offset + shift)
         start = offset + shift
+        temporal = torch.arange(t)
+        if interval and interval[0] != 1:
+            temporal = (temporal * torch.tensor(interval[0], dtype=torch.float32)).long()
         grid = torch.stack(
-            torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
+            torch.meshgrid(temporal, torch.arange(h), torch.arange(w), indexing="ij")
         )
         table[:, offset : offset + length] = grid.reshape(3, -1) + start
         cursor = offset + length

@@ -4,6 +4,8 @@ with M-RoPE.
 Images arrive as the PIL image processor's flat patches plus their (t, h, w) patch grid
 (``{"pixel_values": [t*h*w, C*T*p*p], "image_grid_thw": (t, h, w)}``); each image yields
 t*h*w / merge_size**2 embeddings, one per ``<|image_pad|>`` token after mmserve's expansion.
+A video arrives as one such item per temporal frame group (grid (1, h, w)): the vision tower
+attends within a frame group only, so encoding groups one by one is exact.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from torch import nn
 from transformers import Qwen2VLImageProcessorPil
 
 from mmserve.inputs import MultiModalItem
-from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, mrope_positions
+from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, VisionSpan, mrope_positions
 from mmserve.layers.rotary import rope_theta
+from mmserve.layers.transfer import to_device_like
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
 from mmserve.models.qwen2_vl_vision import Grid, Qwen2VisionTransformer
+from mmserve.multimodal.video_processing import load_video_settings
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
 QWEN2_VL_RENAME_RULES = [
@@ -147,6 +151,15 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
         return max_image_tokens(image_limits(hf_config, processor_kwargs))
 
+    @staticmethod
+    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        """One temporal frame group is one frame's worth of embeddings at the video
+        processor's size limits."""
+        path = getattr(hf_config, "_name_or_path", "") or ""
+        video = load_video_settings(path, processor_kwargs)
+        limits = ImageLimits(video.min_pixels, video.max_pixels, video.patch_size, video.merge_size)
+        return max_image_tokens(limits)
+
     def load_weights(self, checkpoint_dir) -> None:
         load_safetensors(
             self, checkpoint_dir, QWEN2_VL_RENAME_RULES, self.tied_weights(self.config)
@@ -160,22 +173,35 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         grids: list[Grid] = [_grid(d["image_grid_thw"]) for d in images]
         order = sorted(range(len(images)), key=lambda i: grids[i][1] * grids[i][2])
         pixels = torch.cat([torch.as_tensor(np.asarray(images[i]["pixel_values"])) for i in order])
-        out = self.visual(
-            pixels.to(device=param.device, dtype=param.dtype), [grids[i] for i in order]
-        )
+        out = self.visual(to_device_like(pixels, param), [grids[i] for i in order])
         sizes = [math.prod(grids[i]) // self.merge_size**2 for i in order]
         by_image = dict(zip(order, out.split(sizes), strict=True))
         return [by_image[i] for i in range(len(images))]
 
+    def video_time_interval(self, second_per_grid_t: float) -> float:
+        """Temporal M-RoPE step between a video's frame groups: 1 (Qwen2-VL)."""
+        return 1.0
+
     def mrope_positions(
         self, num_tokens: int, mm_items: Sequence[MultiModalItem]
     ) -> MRopePositions:
-        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.layers.mrope``)."""
-        images = []
+        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.layers.mrope``); a
+        video's frame-group items form one span (its first group starts it)."""
+        spans: list[VisionSpan] = []
+        video_start = 0
         for item in mm_items:
             t, h, w = (int(x) for x in item.data["image_grid_thw"])
             grid = (t, h // self.merge_size, w // self.merge_size)
             if grid[0] * grid[1] * grid[2] != item.length:
                 raise ValueError(f"image grid {grid} does not match {item.length} placeholders")
-            images.append((item.offset, grid))
-        return mrope_positions(num_tokens, images)
+            group = item.video
+            if group is None:
+                spans.append((item.offset, grid))
+                continue
+            if group.index == 0:
+                video_start = item.offset
+                interval = self.video_time_interval(group.second_per_grid_t)
+                spans.append((item.offset, (group.num_groups, grid[1], grid[2]), interval))
+            if item.offset != video_start + group.index * item.length:
+                raise ValueError(f"video frame group {group.index} at {item.offset} is misplaced")
+        return mrope_positions(num_tokens, spans)

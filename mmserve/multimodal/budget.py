@@ -19,10 +19,11 @@ def compute_encoder_budget(
     """(encoder compute budget per step, encoder cache size), both in embeddings.
 
     The cache size returned is the floor one step needs; ``encoder_cache_capacity`` turns it into
-    the default capacity that also keeps popular images between requests.
+    the default capacity that also keeps popular images between requests. The unit is the
+    largest *item*: an image, or one temporal frame group of a video (videos are encoded and
+    cached group by group), so a long video needs no larger budget than one of its frames.
     """
-    per_item = model_config.max_tokens_per_image
-    limit = scheduler_config.max_images_per_prompt
+    per_item, limit = largest_item(model_config, scheduler_config)
     if per_item == 0 or limit == 0:
         logger.warning("all modalities are disabled (or the model has none): encoder cache is off")
         return 0, 0
@@ -47,13 +48,27 @@ def compute_encoder_budget(
     return compute or auto, cache or auto
 
 
+def largest_item(model_config: ModelConfig, scheduler_config: SchedulerConfig) -> tuple[int, int]:
+    """(embeddings of the largest encoder item, items one prompt may hold). With videos
+    allowed, a prompt's item count is unbounded here (frame groups per video are bounded only
+    by max_model_len)."""
+    image = model_config.max_tokens_per_image if scheduler_config.max_images_per_prompt else 0
+    videos = scheduler_config.max_videos_per_prompt
+    group = model_config.max_tokens_per_video_group if videos else 0
+    limit = scheduler_config.max_images_per_prompt
+    if group:
+        limit = max(limit, model_config.max_model_len // max(group, 1) + 1)
+    return max(image, group), limit
+
+
 def _validated(name: str, value: int | None, per_item: int) -> int | None:
     if value is None:
         return None
     if value < per_item:
         raise ValueError(
-            f"{name}={value} is smaller than the largest image ({per_item} embeddings):"
-            f" such an image could never be encoded; use at least {per_item}"
+            f"{name}={value} is smaller than the largest image or video frame group"
+            f" ({per_item} embeddings): such an item could never be encoded; use at least"
+            f" {per_item}"
         )
     return value
 
@@ -68,5 +83,5 @@ def encoder_cache_capacity(
     explicit = scheduler_config.encoder_cache_size is not None
     if explicit or floor == 0 or not cache_config.enable_encoder_cache:
         return floor
-    bytes_per_embedding = model_config.hidden_size * model_config.dtype_bytes
-    return max(floor, cache_config.encoder_cache_memory // max(bytes_per_embedding, 1))
+    per_embedding = model_config.bytes_per_embedding
+    return max(floor, cache_config.encoder_cache_memory // max(per_embedding, 1))

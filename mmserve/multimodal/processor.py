@@ -1,4 +1,5 @@
-"""Prompt + images -> token ids with expanded placeholders and per-image (hash, offset, length)."""
+"""Prompt + images + videos -> token ids with expanded placeholders and per-item (hash, offset,
+length): one item per image, one per video frame group."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
+from mmserve.multimodal.video_inputs import VideoInputs
+from mmserve.multimodal.video_prep import PreparedVideo
 from mmserve.multimodal.video_sampling import VideoSampling
 from mmserve.multimodal.video_source import (
-    VIDEO_ARCHITECTURES,
     VideoLoader,
     VideoMemo,
     is_encoded,
@@ -50,11 +52,10 @@ class InputProcessor:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.max_images = max_images
+        self.videos = VideoInputs(model_config, max_videos)
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
-        self.max_videos = max_videos
-        self.accepts_videos = model_config.architecture in VIDEO_ARCHITECTURES
         sampling = VideoSampling.from_checkpoint(
             model_config.path, image_processor, model_config.processor_kwargs
         )
@@ -82,45 +83,56 @@ class InputProcessor:
         uuids: Sequence[str | None] | None = None,
         cache_salt: str | None = None,
         mm_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
-        """Token ids with expanded placeholders and one item per image. ``images`` may hold
-        ``PreparedImage``s (from ``prepare_image`` with the same ``mm_kwargs``, e.g. run in
-        another thread) or sources."""
+        """Token ids with expanded placeholders, one item per image and one per video frame
+        group. ``images`` may hold ``PreparedImage``s (from ``prepare_image`` with the same
+        ``mm_kwargs``, e.g. run in another thread) or sources; ``videos`` ``PreparedVideo``s
+        (``prepare_video``) or decoded videos."""
         merged = self.check_mm_kwargs(mm_kwargs)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
-        image_token = self.model_config.image_token_id
-        places = (
-            np.flatnonzero(ids == image_token)
-            if image_token is not None
-            else np.empty(0, dtype=np.int64)
-        )
-        if len(places) != len(images):
-            raise ValueError(
-                f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"
-                " were given"
-            )
+        places = _places(ids, self.model_config.image_token_id, len(images), "image")
+        video_places = _places(ids, self.videos.token_id, len(videos), "video")
         self.check_num_images(len(images))
+        self.videos.check_count(len(videos))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
-        if not len(images):
+        if not len(images) and not len(videos):
             return ProcessedPrompt(ids.tolist(), [])
+        order = sorted([(int(p), i, False) for i, p in enumerate(places)] + [
+            (int(p), i, True) for i, p in enumerate(video_places)
+        ])  # fmt: skip
         repeats = np.ones_like(ids)
         items: list[MultiModalItem] = []
         shift = 0
-        for i, (place, source) in enumerate(zip(places, images, strict=True)):
-            prepared = (
-                source
-                if isinstance(source, PreparedImage)
-                else self.prepare_image(source, cache_salt, mm_kwargs)
-            )
-            uuid = uuids[i] if uuids is not None else None
-            key = self.item_key(prepared, uuid, cache_salt, merged)
-            repeats[place] = prepared.length
-            items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
-            shift += prepared.length - 1
+        for place, i, is_video in order:
+            if is_video:
+                video = videos[i]
+                if not isinstance(video, PreparedVideo):
+                    decoded = self.load_video(video, cache_salt, mm_kwargs)
+                    video = self.prepare_video(decoded, mm_kwargs, cache_salt)
+                items += video.items(place + shift, cache_salt)
+                length = video.length
+            else:
+                prepared = images[i]
+                if not isinstance(prepared, PreparedImage):
+                    prepared = self.prepare_image(prepared, cache_salt, mm_kwargs)
+                uuid = uuids[i] if uuids is not None else None
+                key = self.item_key(prepared, uuid, cache_salt, merged)
+                length = prepared.length
+                items.append(MultiModalItem(key, place + shift, length, prepared.data))
+            repeats[place] = length
+            shift += length - 1
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
+
+    def prepare_video(
+        self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
+    ) -> PreparedVideo:
+        """Check, hash and preprocess one decoded video with the prompt's processor settings
+        (memoized per tenant). Thread-safe."""
+        return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
@@ -131,23 +143,12 @@ class InputProcessor:
                 " (limit_mm_per_prompt)"
             )
 
-    def check_num_videos(self, count: int) -> None:
-        if count and not self.accepts_videos:
-            raise ValueError(
-                f"this model ({self.model_config.architecture}) does not accept videos"
-            )
-        if count > self.max_videos:
-            raise ValueError(
-                f"{count} videos exceed the limit of {self.max_videos} per prompt"
-                " (limit_mm_per_prompt)"
-            )
-
     def check_mm_kwargs(self, mm_kwargs: Any) -> dict[str, Any] | None:
         """A request's ``mm_processor_kwargs`` merged over the engine's, or None when they
         change nothing; ValueError naming the field for bad keys or values."""
         mc = self.model_config
         merged = check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
-        if merged is not None and self.accepts_videos:
+        if merged is not None and self.videos.accepted:
             self.video_loader.sampling_for(merged)  # checks the video settings they make
         return merged
 
@@ -161,10 +162,8 @@ class InputProcessor:
         """Read, decode and sample one video (any ``video_source`` input; frames are checked),
         or take it from the memo when these exact bytes were seen before by the same tenant
         with the same sampling. Thread-safe; blocking (never call it on the event loop)."""
-        if not self.accepts_videos:
-            raise ValueError(
-                f"this model ({self.model_config.architecture}) does not accept videos"
-            )
+        if not self.videos.accepted:
+            raise ValueError("this model does not accept videos")
         sampling = self.video_sampling(mm_kwargs)
         if not is_encoded(source):
             return self.video_loader.load(source, sampling)
@@ -212,6 +211,16 @@ class InputProcessor:
             prepared = preparer.prepare(raw)
             self.memo.put(key, prepared)
         return prepared
+
+
+def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.ndarray:
+    """Indices of ``token`` in ``ids``; ValueError unless there is one per given item."""
+    places = np.flatnonzero(ids == token) if token is not None else np.empty(0, np.int64)
+    if len(places) != count:
+        raise ValueError(
+            f"prompt has {len(places)} {kind} placeholder(s) but {count} {kind}(s) were given"
+        )
+    return places
 
 
 def memo_key(

@@ -28,6 +28,7 @@ REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "LlavaForConditionalGeneration": (),
     "Qwen2VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Qwen2_5_VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
+    "Qwen3VLForConditionalGeneration": _PIXELS,
 }
 MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used go first)
 

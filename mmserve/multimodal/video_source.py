@@ -24,10 +24,6 @@ from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
 from mmserve.multimodal.video import VideoLimits, decode_video
 from mmserve.multimodal.video_sampling import VideoSampling
 
-#: the architectures whose processors take videos
-VIDEO_ARCHITECTURES = frozenset(
-    {"Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"}
-)
 DEFAULT_FRAMES_FPS = 2.0
 
 
