@@ -1,12 +1,11 @@
 """``video_url`` content parts through a real Qwen2-VL server: parsing and the chat template's
 video placeholder, ``--limit-mm-per-prompt`` video counts and ``mm_processor_kwargs`` checked
 before anything is fetched, the fetch policy's errors, limits as 413s, and the decoded frames
-handed to the engine (``process_inputs`` stubbed where video-core's processing is needed)."""
+handed to the engine, and a whole video chat."""
 
 from __future__ import annotations
 
 import base64
-import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,11 @@ from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages
 from mmserve.entrypoints.openai.server import RunningServer
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import resolve_model_path
-from mmserve.multimodal.processor import InputProcessor
 from tests.bait_server import BaitServer
 from tests.openai_server import openai_client, serve_model
 from tests.video_helpers import frame_index, make_video
 
 MODEL = "tiny-qwen2-vl"
-VIDEO_PROCESSING = "videos" in inspect.signature(InputProcessor.process).parameters
 VIDEO = make_video(90, 30)
 VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(VIDEO).decode()
 # Qwen2-VL's own template's content loop (the tiny preset's template renders images only)
@@ -110,20 +107,17 @@ def test_decoded_frames_reach_the_engine(
     engine = server.engine.engine
     real = engine.process_inputs
 
-    def process(prompt: Any, images: Any, uuids: Any, salt: Any, kwargs: Any, videos: Any = ()):
-        prompts.append(prompt)
-        assert len(videos) == 1
-        return real("a plain prompt", [], None, salt, None)  # until video-core's part is merged
+    def process(*args: Any) -> Any:
+        prompts.append(args[0])
+        return real(*args)
 
-    if not VIDEO_PROCESSING:
-        monkeypatch.setattr(engine, "process_inputs", process)
+    monkeypatch.setattr(engine, "process_inputs", process)
     reply = post(server, video_messages(VIDEO_URL), mm_processor_kwargs={"num_frames": 4})
     assert reply.status_code == 200, reply.text
     (video,) = decoded
     assert [frame_index(f) for f in video.frames] == [0, 22, 45, 67]
     assert video.timestamps == pytest.approx([0, 22 / 30, 1.5, 67 / 30])
-    if prompts:
-        assert "<|vision_start|><|video_pad|><|vision_end|>" in prompts[0]
+    assert "<|vision_start|><|video_pad|><|vision_end|>" in prompts[0]
     vllm_style = {"fps": 0.5, "do_sample_frames": True}  # as vLLM's Qwen examples send it
     assert (
         post(server, video_messages(VIDEO_URL), mm_processor_kwargs=vllm_style).status_code == 200
@@ -168,10 +162,6 @@ def test_bad_videos_are_openai_errors(
     assert post(server, [{"role": "user", "content": "hi"}]).status_code == 200
 
 
-@pytest.mark.skipif(
-    not VIDEO_PROCESSING,
-    reason="InputProcessor.process takes no videos yet (video-core's processing is not merged)",
-)
 def test_video_chat_end_to_end(server: RunningServer, tmp_path: Path) -> None:
     client = openai_client(server)
     reply = client.chat.completions.create(

@@ -244,3 +244,13 @@ def test_models_without_video_support_refuse_videos() -> None:
     llava = LLMEngine.from_args("tiny-llava")
     with pytest.raises(ValueError, match="does not accept videos"):
         admit(llava, [VIDEO])
+
+
+def test_sampling_kwargs_share_the_video_processor_settings(engine: LLMEngine) -> None:
+    """fps & co. choose frames; the processor settings (cached per kwargs) ignore them, so
+    requests with ever new fps values cannot grow that cache."""
+    videos = engine.processor.videos
+    base = videos.settings(None)
+    assert videos.settings({"fps": 1.0}) is base
+    assert videos.settings({"fps": 3.5, "max_frames": 8, "do_sample_frames": True}) is base
+    assert videos.settings({"max_pixels": 28 * 28 * 64}) is not base

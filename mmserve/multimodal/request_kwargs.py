@@ -37,8 +37,8 @@ def canonical(kwargs: Mapping[str, Any]) -> str:
     return json.dumps(dict(kwargs), sort_keys=True, default=str)
 
 
-def image_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` without the video sampling keys."""
+def without_sampling(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the video sampling keys (what the image and video processors read)."""
     return {k: v for k, v in kwargs.items() if k not in VIDEO_KWARGS}
 
 
@@ -87,8 +87,8 @@ class PreparerCache:
 
     def get(self, merged: dict[str, Any] | None) -> ImagePreparer:
         if merged is not None:  # video sampling settings do not change the image processor
-            merged = image_kwargs(merged)
-            if merged == image_kwargs(self.base.model_config.processor_kwargs):
+            merged = without_sampling(merged)
+            if merged == without_sampling(self.base.model_config.processor_kwargs):
                 merged = None
         if merged is None:
             return self.base
