@@ -27,12 +27,19 @@ class VisionLanguageModel(Protocol):
       language model over the paged KV cache for a flat varlen batch.
     - ``uses_mrope``: positions are ``[3, num_tokens]`` from ``mrope_positions`` (Qwen2-VL)
       instead of ``arange``.
+    - ``image_attention``: ``"causal"``, or ``"bidirectional"`` (Gemma 3: an image's tokens
+      see each other; the engine then never splits an image across prefill chunks and passes
+      the image ranges to attention).
+    - ``attention_masks``: None, or what the model's attention needs beyond a causal mask
+      (sliding windows, image ranges, soft-capping): such a model runs the torch path.
     """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     uses_mrope: bool
+    image_attention: str
+    attention_masks: str | None
 
     @staticmethod
     def max_tokens_per_image(

@@ -131,6 +131,8 @@ class LlamaLMHeadMixin:
     language_model: LlamaModel
     lm_head: nn.Linear
     uses_mrope = False
+    image_attention = "causal"
+    attention_masks: str | None = None
     num_layers: int
     num_kv_heads: int
     head_dim: int

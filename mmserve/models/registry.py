@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmserve.models.gemma3 import Gemma3ForConditionalGeneration
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
@@ -13,6 +14,7 @@ MODEL_REGISTRY: dict[str, type[VisionLanguageModel]] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
 }
 
 

@@ -52,14 +52,23 @@ def _qwen2_vl_inputs(processed: Any, image_processor: Any, model_config: ModelCo
     return {"pixel_values": patches, "image_grid_thw": grid}, length
 
 
+def _gemma3_image_text(tokenizer: Any, model_config: ModelConfig) -> tuple[str, str]:
+    """``Gemma3Processor``'s expansion of ``<start_of_image>`` (without pan-and-scan)."""
+    tokens = tokenizer.image_token * model_config.hf_config.mm_tokens_per_image
+    return tokenizer.boi_token, f"\n\n{tokenizer.boi_token}{tokens}{tokenizer.eoi_token}\n\n"
+
+
 @dataclass(frozen=True)
 class ImageInputs:
     """One architecture's glue: ``hf`` runs the HF processor on one image and returns what the
     fast path returns (``fast_image_processing``); ``inputs`` turns that into the model's image
-    data and its embedding count."""
+    data and its embedding count. ``image_text`` (Gemma 3): (marker, text) — the prompt text's
+    marker is replaced by the image's full token text before tokenizing, as the family's HF
+    processor does, and each run of ``image_token_id`` is then one image's placeholders."""
 
     hf: Callable[[Any, Image.Image], Any]
     inputs: Callable[[Any, Any, ModelConfig], tuple[Any, int]]
+    image_text: Callable[[Any, ModelConfig], tuple[str, str]] | None = None
 
 
 IMAGE_INPUTS = {
@@ -67,6 +76,8 @@ IMAGE_INPUTS = {
     "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     # Qwen2.5-VL ships Qwen2-VL's image processor.
     "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
+    # fixed-size images like LLaVA's; mm_tokens_per_image embeddings each
+    "Gemma3ForConditionalGeneration": ImageInputs(_hf_llava, _llava_inputs, _gemma3_image_text),
 }
 
 

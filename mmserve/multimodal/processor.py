@@ -44,6 +44,10 @@ class InputProcessor:
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
+        glue = self.preparer.image_inputs
+        self.image_text = (
+            glue.image_text(tokenizer, model_config) if glue and glue.image_text else None
+        )
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -71,15 +75,18 @@ class InputProcessor:
         ``PreparedImage``s (from ``prepare_image`` with the same ``mm_kwargs``, e.g. run in
         another thread) or sources."""
         merged = self.check_mm_kwargs(mm_kwargs)
+        if self.image_text is not None and isinstance(prompt, str):
+            prompt = prompt.replace(*self.image_text)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
         image_token = self.model_config.image_token_id
-        places = (
-            np.flatnonzero(ids == image_token)
-            if image_token is not None
-            else np.empty(0, dtype=np.int64)
-        )
+        is_image = ids == image_token if image_token is not None else np.zeros(ids.size, bool)
+        if self.image_text is not None:  # expanded already: one run of image tokens per image
+            edges = np.diff(np.concatenate(([0], is_image.astype(np.int8), [0])))
+            places, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        else:
+            places = np.flatnonzero(is_image)
         if len(places) != len(images):
             raise ValueError(
                 f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"
@@ -101,6 +108,14 @@ class InputProcessor:
             )
             uuid = uuids[i] if uuids is not None else None
             key = self.item_key(prepared, uuid, cache_salt, merged)
+            if self.image_text is not None:
+                if run_ends[i] - place != prepared.length:
+                    raise ValueError(
+                        f"image {i} has {run_ends[i] - place} placeholder tokens in the prompt,"
+                        f" its processor output needs {prepared.length}"
+                    )
+                items.append(MultiModalItem(key, int(place), prepared.length, prepared.data))
+                continue
             repeats[place] = prepared.length
             items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
             shift += prepared.length - 1

@@ -32,6 +32,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .gemma3 import GEMMA3_PRESETS, Gemma3PresetSpec
 from .qwen2_5_vl import QWEN2_5_VL_PRESETS
 from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
 from .tokenizer import (
@@ -110,7 +111,7 @@ class PresetSpec:
         image_processor.save_pretrained(out)  # preprocessor_config.json
 
 
-AnySpec = PresetSpec | Qwen2VLPresetSpec
+AnySpec = PresetSpec | Qwen2VLPresetSpec | Gemma3PresetSpec
 
 PRESETS: dict[str, AnySpec] = {
     # ~0.87M params, for CI. 64x64 images, 4x4 patches -> 256 image tokens.
@@ -147,6 +148,7 @@ PRESETS: dict[str, AnySpec] = {
     ),
     **QWEN2_VL_PRESETS,
     **QWEN2_5_VL_PRESETS,
+    **GEMMA3_PRESETS,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 

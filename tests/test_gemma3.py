@@ -1,0 +1,131 @@
+"""Gemma 3 (images): greedy output token-identical to transformers' Gemma3ForConditionalGeneration
+(float32, eager attention, ``token_type_ids`` from its processor) on the tiny preset, whose
+8-token sliding window and 16-token images make both masks matter, under every cache setting;
+plus the start-up checks its attention imposes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from mmserve import LLM, SamplingParams
+from mmserve.models.tiny import resolve_model_path
+from tests.conftest import assert_no_leaks
+
+MODEL = "tiny-gemma3"
+IMAGE_TOKENS = 16  # mm_tokens_per_image of the preset
+MAX_NEW = 24
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)
+
+
+class GemmaReference:
+    """transformers' Gemma 3 and its own processor (``Gemma3Processor``): the ground truth."""
+
+    def __init__(self) -> None:
+        from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+        path = resolve_model_path(MODEL)
+        self.processor = AutoProcessor.from_pretrained(path)
+        self.model = Gemma3ForConditionalGeneration.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+
+    def inputs(self, prompt: str, images: list[Image.Image]) -> dict:
+        return self.processor(text=prompt, images=images or None, return_tensors="pt")
+
+    def greedy(self, prompt: str, images: list[Image.Image]) -> list[int]:
+        inputs = self.inputs(prompt, images)
+        with torch.inference_mode():
+            out = self.model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+        return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+@pytest.fixture(scope="module")
+def gemma_ref() -> GemmaReference:
+    return GemmaReference()
+
+
+def turn(text: str, n_images: int = 0) -> str:
+    """One user turn as Gemma 3's chat template writes it (the tokenizer adds <bos>)."""
+    images = "<start_of_image>" * n_images
+    return f"<start_of_turn>user\n{images}{text}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def cases(images: list[Image.Image]) -> list[tuple[str, list[Image.Image]]]:
+    return [
+        (turn("Describe this picture.", 1), images[:1]),
+        (turn("Compare the two pictures, then tell me which one is brighter.", 2), images[1:3]),
+        (turn("Tell me a long story about a red cube that met a blue ball in a park."), []),
+        (
+            "<start_of_turn>user\nFirst look at this one <start_of_image> and now this one"
+            " <start_of_image> and say what changed between them.<end_of_turn>\n"
+            "<start_of_turn>model\n",
+            [images[3], images[0]],
+        ),
+    ]
+
+
+def check_parity(llm: LLM, ref: GemmaReference, batch: list[tuple[str, list]]) -> list:
+    outs = llm.generate([{"prompt": p, "images": i} for p, i in batch], GREEDY, use_tqdm=False)
+    for (prompt, imgs), out in zip(batch, outs, strict=True):
+        inputs = ref.inputs(prompt, imgs)
+        assert out.prompt_token_ids == inputs["input_ids"][0].tolist()
+        assert out.outputs[0].token_ids == ref.greedy(prompt, imgs), prompt
+    assert_no_leaks(llm)
+    return outs
+
+
+CACHE_SETTINGS = {
+    "default": {},
+    "encoder-cache-off": {"enable_encoder_cache": False},
+    "prefix-cache-off": {"enable_prefix_caching": False},
+    # chunks of 17 tokens: each chunk is cut back to the next image's start
+    "small-chunks": {"max_num_batched_tokens": IMAGE_TOKENS + 1, "block_size": 4},
+    "preemption": {"num_kv_blocks": 40, "block_size": 4, "max_model_len": 160},
+}
+
+
+@pytest.mark.parametrize("setting", sorted(CACHE_SETTINGS))
+def test_parity_under_cache_settings(gemma_ref, images, setting):
+    llm = LLM(MODEL, seed=0, **CACHE_SETTINGS[setting])
+    check_parity(llm, gemma_ref, cases(images))
+    if setting == "preemption":
+        assert llm.get_metrics()["num_preemptions"] > 0
+
+
+def test_prefix_hit_sharing_an_image(gemma_ref, images):
+    llm = LLM(MODEL, seed=0, block_size=4)
+    check_parity(llm, gemma_ref, [(turn("Describe this picture.", 1), images[:1])])
+    prompt = turn("What colors are in it?", 1)
+    second = check_parity(llm, gemma_ref, [(prompt, images[:1])])
+    ids = gemma_ref.inputs(prompt, images[:1])["input_ids"][0].tolist()
+    image_end = ids.index(gemma_ref.model.config.image_token_id) + IMAGE_TOKENS
+    assert second[0].num_cached_tokens >= image_end - 4  # the blocks through the image
+
+
+def test_prefix_hit_ending_inside_an_image(gemma_ref, images):
+    """The hit's image tokens were computed with their whole image (never split), so their KV
+    is reused and the rest of the image runs in one chunk, seeing all of it."""
+    full = turn("Describe this picture.", 1)
+    short = "<start_of_turn>user\n<start_of_image>"  # ends right after the image sequence
+    ids = gemma_ref.inputs(short, images[:1])["input_ids"][0].tolist()
+    image_start = ids.index(gemma_ref.model.config.image_token_id)
+    image_end = image_start + IMAGE_TOKENS
+    block_size = next(
+        bs for bs in (4, 8, 16) if image_start < (len(ids) - 1) // bs * bs < image_end
+    )
+    llm = LLM(MODEL, seed=0, block_size=block_size)
+    check_parity(llm, gemma_ref, [(full, images[:1])])
+    out = check_parity(llm, gemma_ref, [(short, images[:1])])[0]
+    assert image_start < out.num_cached_tokens < image_end
+
+
+def test_an_image_larger_than_the_token_budget_fails_at_start_up():
+    with pytest.raises(ValueError, match="raise max_num_batched_tokens to at least 16"):
+        LLM(MODEL, max_num_batched_tokens=IMAGE_TOKENS - 1)
+
+
+def test_the_causal_cpu_kernel_is_refused():
+    with pytest.raises(ValueError, match="causal only; the model needs Gemma 3's sliding-window"):
+        LLM(MODEL, attention_backend="cpu-kernel")
