@@ -31,8 +31,8 @@ class GemmaReference:
             path, dtype=torch.float32, attn_implementation="eager"
         ).eval()
 
-    def inputs(self, prompt: str, images: list[Image.Image]) -> dict:
-        return self.processor(text=prompt, images=images or None, return_tensors="pt")
+    def inputs(self, prompt: str, images: list[Image.Image], **kwargs: object) -> dict:
+        return self.processor(text=prompt, images=images or None, return_tensors="pt", **kwargs)
 
     def greedy(self, prompt: str, images: list[Image.Image]) -> list[int]:
         inputs = self.inputs(prompt, images)
@@ -129,3 +129,28 @@ def test_an_image_larger_than_the_token_budget_fails_at_start_up():
 def test_the_causal_cpu_kernel_is_refused():
     with pytest.raises(ValueError, match="causal only; the model needs Gemma 3's sliding-window"):
         LLM(MODEL, attention_backend="cpu-kernel")
+
+
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 16}
+
+
+def test_pan_and_scan_crops_are_extra_images_of_the_request(gemma_ref, images):
+    """With pan-and-scan on, the wide and the tall image get two crops each (the square one
+    none): each crop is its own run of image tokens, its own bidirectional group and its own
+    encoder-cache entry (``<image key>#<crop>``), encoded from the same prepared image."""
+    # prefix caching off, so the second request takes the embeddings from the encoder cache
+    llm = LLM(MODEL, seed=0, processor_kwargs=PAN_AND_SCAN, enable_prefix_caching=False)
+    prompt = turn("Compare all three.", 3)
+    batch = [images[2], images[3], images[1]]  # 120x50, 70x90, 64x64
+    inputs = gemma_ref.inputs(prompt, batch, **PAN_AND_SCAN)
+    assert inputs["pixel_values"].shape[0] == 3 + 3 + 1
+    out = llm.generate([{"prompt": prompt, "images": batch}], GREEDY, use_tqdm=False)[0]
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()
+    with torch.inference_mode():
+        want = gemma_ref.model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+    assert out.outputs[0].token_ids == want[0, inputs["input_ids"].shape[1] :].tolist()
+    again = llm.generate([{"prompt": turn("And now?", 1), "images": [images[2]]}], GREEDY)
+    assert again[0].outputs[0].token_ids
+    metrics = llm.get_metrics()
+    assert metrics["encoder_cache_hits"] == 3  # the wide image and its two crops
+    assert_no_leaks(llm)

@@ -52,23 +52,56 @@ def _qwen2_vl_inputs(processed: Any, image_processor: Any, model_config: ModelCo
     return {"pixel_values": patches, "image_grid_thw": grid}, length
 
 
-def _gemma3_image_text(tokenizer: Any, model_config: ModelConfig) -> tuple[str, str]:
-    """``Gemma3Processor``'s expansion of ``<start_of_image>`` (without pan-and-scan)."""
+def _hf_gemma3(image_processor: Any, image: Image.Image) -> Any:
+    """[1 + crops, 3, H, W]: the image, then its pan-and-scan crops (none unless enabled).
+    Settings the checkpoint leaves null take ``Gemma3Processor``'s defaults, as there."""
+    from transformers import Gemma3Processor
+
+    defaults = getattr(Gemma3Processor, "images_kwargs", {})
+    kwargs = {k: v for k, v in defaults.items() if getattr(image_processor, k, None) is None}
+    return image_processor(images=image, return_tensors="np", **kwargs)["pixel_values"]
+
+
+def _gemma3_inputs(pixel_values: Any, image_processor: Any, model_config: ModelConfig) -> Any:
+    return pixel_values, len(pixel_values) * model_config.max_tokens_per_image
+
+
+def _gemma3_image_text(tokenizer: Any, model_config: ModelConfig) -> ImageText:
+    """``Gemma3Processor``'s expansion of ``<start_of_image>``, pan-and-scan crops included."""
     tokens = tokenizer.image_token * model_config.hf_config.mm_tokens_per_image
-    return tokenizer.boi_token, f"\n\n{tokenizer.boi_token}{tokens}{tokenizer.eoi_token}\n\n"
+    full = f"\n\n{tokenizer.boi_token}{tokens}{tokenizer.eoi_token}\n\n"
+
+    def text(groups: int) -> str:
+        if groups == 1:
+            return full
+        crops = " ".join([full] * (groups - 1))
+        return (
+            f"Here is the original image {full} and here are some crops to help you see"
+            f" better {crops}"
+        )
+
+    return ImageText(tokenizer.boi_token, text)
+
+
+@dataclass(frozen=True)
+class ImageText:
+    """A family whose processor expands the image marker in the prompt *text* (Gemma 3):
+    ``text(groups)`` replaces ``marker`` for an image whose data has ``groups`` rows (the image
+    and its crops), each written as one run of ``image_token_id`` placeholders."""
+
+    marker: str
+    text: Callable[[int], str]
 
 
 @dataclass(frozen=True)
 class ImageInputs:
     """One architecture's glue: ``hf`` runs the HF processor on one image and returns what the
     fast path returns (``fast_image_processing``); ``inputs`` turns that into the model's image
-    data and its embedding count. ``image_text`` (Gemma 3): (marker, text) — the prompt text's
-    marker is replaced by the image's full token text before tokenizing, as the family's HF
-    processor does, and each run of ``image_token_id`` is then one image's placeholders."""
+    data and its embedding count. ``image_text`` (Gemma 3): see ``ImageText``."""
 
     hf: Callable[[Any, Image.Image], Any]
     inputs: Callable[[Any, Any, ModelConfig], tuple[Any, int]]
-    image_text: Callable[[Any, ModelConfig], tuple[str, str]] | None = None
+    image_text: Callable[[Any, ModelConfig], ImageText] | None = None
 
 
 IMAGE_INPUTS = {
@@ -76,8 +109,7 @@ IMAGE_INPUTS = {
     "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     # Qwen2.5-VL ships Qwen2-VL's image processor.
     "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
-    # fixed-size images like LLaVA's; mm_tokens_per_image embeddings each
-    "Gemma3ForConditionalGeneration": ImageInputs(_hf_llava, _llava_inputs, _gemma3_image_text),
+    "Gemma3ForConditionalGeneration": ImageInputs(_hf_gemma3, _gemma3_inputs, _gemma3_image_text),
 }
 
 

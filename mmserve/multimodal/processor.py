@@ -75,18 +75,17 @@ class InputProcessor:
         ``PreparedImage``s (from ``prepare_image`` with the same ``mm_kwargs``, e.g. run in
         another thread) or sources."""
         merged = self.check_mm_kwargs(mm_kwargs)
-        if self.image_text is not None and isinstance(prompt, str):
-            prompt = prompt.replace(*self.image_text)
+        if self.image_text is not None:
+            return self._process_image_text(prompt, images, uuids, cache_salt, mm_kwargs, merged)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
         image_token = self.model_config.image_token_id
-        is_image = ids == image_token if image_token is not None else np.zeros(ids.size, bool)
-        if self.image_text is not None:  # expanded already: one run of image tokens per image
-            edges = np.diff(np.concatenate(([0], is_image.astype(np.int8), [0])))
-            places, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        else:
-            places = np.flatnonzero(is_image)
+        places = (
+            np.flatnonzero(ids == image_token)
+            if image_token is not None
+            else np.empty(0, dtype=np.int64)
+        )
         if len(places) != len(images):
             raise ValueError(
                 f"prompt has {len(places)} image placeholder(s) but {len(images)} image(s)"
@@ -108,18 +107,62 @@ class InputProcessor:
             )
             uuid = uuids[i] if uuids is not None else None
             key = self.item_key(prepared, uuid, cache_salt, merged)
-            if self.image_text is not None:
-                if run_ends[i] - place != prepared.length:
-                    raise ValueError(
-                        f"image {i} has {run_ends[i] - place} placeholder tokens in the prompt,"
-                        f" its processor output needs {prepared.length}"
-                    )
-                items.append(MultiModalItem(key, int(place), prepared.length, prepared.data))
-                continue
             repeats[place] = prepared.length
             items.append(MultiModalItem(key, int(place) + shift, prepared.length, prepared.data))
             shift += prepared.length - 1
         return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
+
+    def _process_image_text(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any],
+        uuids: Sequence[str | None] | None,
+        cache_salt: str | None,
+        mm_kwargs: dict[str, Any] | None,
+        merged: dict[str, Any] | None,
+    ) -> ProcessedPrompt:
+        """Families whose processor expands the image marker in the text (``ImageText``):
+        each image's text goes in before tokenizing (a token-id prompt must hold it already),
+        and each run of image tokens becomes one item: the image, then each pan-and-scan crop
+        (keyed ``<image key>#<crop>``), in the processor's order."""
+        assert self.image_text is not None
+        self.check_num_images(len(images))
+        if uuids is not None and len(uuids) != len(images):
+            raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
+        if isinstance(prompt, str) and prompt.count(self.image_text.marker) != len(images):
+            raise ValueError(
+                f"prompt has {prompt.count(self.image_text.marker)} image placeholder(s) but"
+                f" {len(images)} image(s) were given"
+            )
+        prepared = [
+            s if isinstance(s, PreparedImage) else self.prepare_image(s, cache_salt, mm_kwargs)
+            for s in images
+        ]
+        if isinstance(prompt, str):
+            parts = prompt.split(self.image_text.marker)
+            texts = [self.image_text.text(len(p.data)) for p in prepared]
+            prompt = parts[0] + "".join(t + part for t, part in zip(texts, parts[1:], strict=True))
+        ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("prompt is empty")
+        edges = np.diff(np.concatenate(([0], ids == self.model_config.image_token_id, [0])))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        if len(starts) != sum(len(p.data) for p in prepared):
+            raise ValueError(
+                f"prompt has {len(starts)} runs of image tokens, its {len(images)} image(s)"
+                f" need {sum(len(p.data) for p in prepared)}"
+            )
+        items: list[MultiModalItem] = []
+        for i, image in enumerate(prepared):
+            key = self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
+            per_group = image.length // len(image.data)
+            for crop, rows in enumerate(image.data):
+                start, end = int(starts[len(items)]), int(ends[len(items)])
+                if end - start != per_group:
+                    raise ValueError(f"image {i} needs runs of {per_group} image tokens")
+                crop_key = key if len(image.data) == 1 else f"{key}#{crop}"
+                items.append(MultiModalItem(crop_key, start, per_group, rows))
+        return ProcessedPrompt(ids.tolist(), items)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
