@@ -154,3 +154,59 @@ def test_pan_and_scan_crops_are_extra_images_of_the_request(gemma_ref, images):
     metrics = llm.get_metrics()
     assert metrics["encoder_cache_hits"] == 3  # the wide image and its two crops
     assert_no_leaks(llm)
+
+
+def test_token_id_prompts(gemma_ref, images):
+    """A token-id prompt may hold the processor's expansion already (used as is) or bare
+    ``<start_of_image>`` tokens, which mmserve expands token-wise."""
+    llm = LLM(MODEL, seed=0)
+    prompt = turn("Describe this picture.", 1)
+    expanded = gemma_ref.inputs(prompt, images[:1])["input_ids"][0].tolist()
+    bare = gemma_ref.processor.tokenizer(prompt)["input_ids"]
+    outs = llm.generate(
+        [
+            {"prompt_token_ids": expanded, "images": images[:1]},
+            {"prompt_token_ids": bare, "images": images[:1]},
+        ],
+        GREEDY,
+        use_tqdm=False,
+    )
+    assert outs[0].prompt_token_ids == expanded
+    assert outs[0].outputs[0].token_ids == gemma_ref.greedy(prompt, images[:1])
+    image_token = gemma_ref.model.config.image_token_id
+    ids = torch.tensor([outs[1].prompt_token_ids])
+    assert int((ids == image_token).sum()) == IMAGE_TOKENS and len(ids[0]) > len(bare)
+    pixels = gemma_ref.processor.image_processor(images=images[:1], return_tensors="pt")
+    with torch.inference_mode():
+        want = gemma_ref.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            token_type_ids=(ids == image_token).long(),
+            pixel_values=pixels["pixel_values"],
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+        )
+    assert outs[1].outputs[0].token_ids == want[0, ids.shape[1] :].tolist()
+
+
+def test_chat_matches_apply_chat_template(gemma_ref, images):
+    """The published template writes <bos>; the prompt still has exactly one, as transformers'
+    ``apply_chat_template(tokenize=True)`` gives."""
+    llm = LLM(MODEL, seed=0)
+    question = [{"type": "text", "text": "What is in this picture?"}]
+    out = llm.chat(
+        [{"role": "user", "content": [{"type": "image", "image": images[0]}, *question]}],
+        GREEDY,
+        use_tqdm=False,
+    )[0]
+    inputs = gemma_ref.processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image", "image": images[0]}, *question]}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+    )
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()
+    with torch.inference_mode():
+        want = gemma_ref.model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+    assert out.outputs[0].token_ids == want[0, inputs["input_ids"].shape[1] :].tolist()

@@ -138,14 +138,17 @@ class InputProcessor:
             s if isinstance(s, PreparedImage) else self.prepare_image(s, cache_salt, mm_kwargs)
             for s in images
         ]
+        texts = [self.image_text.text(len(p.data)) for p in prepared]
         if isinstance(prompt, str):
             parts = prompt.split(self.image_text.marker)
-            texts = [self.image_text.text(len(p.data)) for p in prepared]
             prompt = parts[0] + "".join(t + part for t, part in zip(texts, parts[1:], strict=True))
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
-        edges = np.diff(np.concatenate(([0], ids == self.model_config.image_token_id, [0])))
+        image_token = self.model_config.image_token_id
+        if not isinstance(prompt, str):
+            ids = self._expand_marker_tokens(ids, texts)
+        edges = np.diff(np.concatenate(([0], ids == image_token, [0])))
         starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
         if len(starts) != sum(len(p.data) for p in prepared):
             raise ValueError(
@@ -163,6 +166,25 @@ class InputProcessor:
                 crop_key = key if len(image.data) == 1 else f"{key}#{crop}"
                 items.append(MultiModalItem(crop_key, start, per_group, rows))
         return ProcessedPrompt(ids.tolist(), items)
+
+    def _expand_marker_tokens(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+        """A token-id prompt: each marker token not followed by image tokens (not expanded
+        yet) becomes its image's tokenized text, as vLLM does for token prompts."""
+        assert self.image_text is not None
+        marker = self.tokenizer.convert_tokens_to_ids(self.image_text.marker)
+        following = np.append(ids[1:], -1)
+        bare = np.flatnonzero((ids == marker) & (following != self.model_config.image_token_id))
+        if not len(bare):
+            return ids
+        if len(bare) != len(texts):
+            raise ValueError(
+                f"prompt has {len(bare)} image placeholder(s) but {len(texts)} image(s) were given"
+            )
+        pieces = np.split(ids, bare)
+        for i, text in enumerate(texts):
+            encoded = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            pieces[i + 1] = np.concatenate((np.asarray(encoded, dtype=np.int64), pieces[i + 1][1:]))
+        return np.concatenate(pieces)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
