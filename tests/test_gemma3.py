@@ -210,3 +210,19 @@ def test_chat_matches_apply_chat_template(gemma_ref, images):
     with torch.inference_mode():
         want = gemma_ref.model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
     assert out.outputs[0].token_ids == want[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def test_pan_and_scan_per_request(gemma_ref, images):
+    llm = LLM(MODEL, seed=0, processor_kwargs={"pan_and_scan_min_crop_size": 16})
+    prompt = turn("Describe this picture.", 1)
+    request = {"prompt": prompt, "images": images[2:3]}
+    plain, cropped = llm.generate(
+        [request, {**request, "mm_processor_kwargs": {"do_pan_and_scan": True}}],
+        GREEDY,
+        use_tqdm=False,
+    )
+    inputs = gemma_ref.inputs(prompt, images[2:3], **PAN_AND_SCAN)
+    assert cropped.prompt_token_ids == inputs["input_ids"][0].tolist()
+    assert len(plain.prompt_token_ids) < len(cropped.prompt_token_ids)
+    with pytest.raises(ValueError, match="do_pan_and_scan must be true or false"):
+        llm.generate([{**request, "mm_processor_kwargs": {"do_pan_and_scan": "yes"}}], GREEDY)
