@@ -1,6 +1,6 @@
 """The torch attention path with explicit masks (Gemma 3: sliding windows, bidirectional
-attention within an image, soft-capping) against a naive per-query reference, and the backend
-choice for models that need such masks."""
+attention within an image) against a naive per-query reference, and the backend choice for
+models that need such masks."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def allowed(p: int, j: int, images: list[tuple[int, int]], window: int | None) -
     return (j <= p or same) and (window is None or j > p - window)
 
 
-def naive(q, k_cache, v_cache, table, qsl, lens, bs, scale, images, window, softcap):
+def naive(q, k_cache, v_cache, table, qsl, lens, bs, scale, images, window):
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[1]
     for b in range(len(lens)):
@@ -37,8 +37,6 @@ def naive(q, k_cache, v_cache, table, qsl, lens, bs, scale, images, window, soft
             k = k_cache[slots].repeat_interleave(group, dim=1).double()  # [n, H, D]
             v = v_cache[slots].repeat_interleave(group, dim=1).double()
             scores = torch.einsum("hd,nhd->hn", q[row].double(), k) * scale
-            if softcap is not None:
-                scores = torch.tanh(scores / softcap) * softcap
             out[row] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).float()
     return out
 
@@ -55,8 +53,7 @@ SEQS = [
 
 
 @pytest.mark.parametrize("window", [None, 4, 8])
-@pytest.mark.parametrize("softcap", [None, 5.0])
-def test_masked_torch_path_matches_naive_reference(window, softcap):
+def test_masked_torch_path_matches_naive_reference(window):
     heads, kv_heads, dim, bs = 4, 2, 16, 4
     seqs = [(total, n) for total, n, _ in SEQS]
     images = [ranges for _, _, ranges in SEQS]
@@ -81,10 +78,8 @@ def test_masked_torch_path_matches_naive_reference(window, softcap):
         image_ranges=images,
     )
     scale = 1 / math.sqrt(dim)
-    got = paged_attention(0, cache, q, k, v, meta, scale, window, softcap)
-    want = naive(
-        q, cache.keys[0], cache.values[0], table, qsl, lens, bs, scale, images, window, softcap
-    )
+    got = paged_attention(0, cache, q, k, v, meta, scale, window)
+    want = naive(q, cache.keys[0], cache.values[0], table, qsl, lens, bs, scale, images, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

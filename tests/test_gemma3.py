@@ -226,3 +226,62 @@ def test_pan_and_scan_per_request(gemma_ref, images):
     assert len(plain.prompt_token_ids) < len(cropped.prompt_token_ids)
     with pytest.raises(ValueError, match="do_pan_and_scan must be true or false"):
         llm.generate([{**request, "mm_processor_kwargs": {"do_pan_and_scan": "yes"}}], GREEDY)
+
+
+def test_soft_capping_is_ignored_as_in_transformers(tmp_path, images):
+    """transformers' Gemma3ForConditionalGeneration applies neither ``attn_logit_softcapping``
+    nor ``final_logit_softcapping`` (only the text-only Gemma3ForCausalLM caps logits): with
+    both set, tokens and logprobs still equal the reference's."""
+    import json
+    import shutil
+
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    path = tmp_path / "capped"
+    shutil.copytree(resolve_model_path(MODEL), path)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"].update(attn_logit_softcapping=1.5, final_logit_softcapping=2.0)
+    (path / "config.json").write_text(json.dumps(config))
+    prompt, imgs = turn("Describe this picture.", 1), images[:1]
+    inputs = AutoProcessor.from_pretrained(path)(text=prompt, images=imgs, return_tensors="pt")
+    model = Gemma3ForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.inference_mode():
+        want = model.generate(
+            **inputs,
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    want_ids = want.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    want_lps = [
+        float(step[0].log_softmax(-1)[tok]) for step, tok in zip(want.logits, want_ids, strict=True)
+    ]
+    llm = LLM(str(path), seed=0)
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, logprobs=0)
+    out = llm.generate([{"prompt": prompt, "images": imgs}], params, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == want_ids
+    got_lps = [lp.logprob for lp in out.outputs[0].logprobs]
+    torch.testing.assert_close(torch.tensor(got_lps), torch.tensor(want_lps), atol=1e-4, rtol=0)
+
+
+def test_small_preset_with_tied_embeddings(images):
+    """tiny-gemma3-small ties lm_head to the embeddings as released Gemma 3 does (no lm_head
+    in the checkpoint) and has 64-token images."""
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    path = resolve_model_path("tiny-gemma3-small")
+    prompt, imgs = turn("Describe this picture.", 1), images[:1]
+    inputs = AutoProcessor.from_pretrained(path)(text=prompt, images=imgs, return_tensors="pt")
+    model = Gemma3ForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.inference_mode():
+        want = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    llm = LLM("tiny-gemma3-small", seed=0)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    out = llm.generate([{"prompt": prompt, "images": imgs}], params, use_tqdm=False)[0]
+    assert out.prompt_token_ids == inputs["input_ids"][0].tolist()
+    assert out.outputs[0].token_ids == want[0, inputs["input_ids"].shape[1] :].tolist()

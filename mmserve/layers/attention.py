@@ -129,16 +129,15 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
-    softcap: float | None = None,
 ) -> torch.Tensor:
     """Write k/v of this step's tokens into the cache, then attend. q: [T, H, D] -> [T, H, D].
-    ``sliding_window`` / ``softcap`` (and ``meta.image_ranges``) need the torch path, which
+    ``sliding_window`` (and ``meta.image_ranges``) need the torch path, which
     ``select_attention_backend`` picks for models declaring ``attention_masks``."""
     k_cache, v_cache = cache.keys[layer], cache.values[layer]
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     if meta.use_kernel:
-        assert sliding_window is None and softcap is None and meta.image_ranges is None
+        assert sliding_window is None and meta.image_ranges is None
         kernel = paged_attention_kernel()
         assert kernel is not None
         heads_contiguous = q.stride(2) == 1 and q.stride(1) == q.shape[2]
@@ -153,4 +152,4 @@ def paged_attention(
             meta.block_size,
         )
     plan = meta.torch_plan()
-    return torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window, softcap)
+    return torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)

@@ -39,27 +39,3 @@ def decode_window_mask(valid: torch.Tensor, seq_lens: torch.Tensor, window: int)
     pos = torch.arange(valid.shape[-1], device=valid.device)
     recent = pos[None, :] > (seq_lens[:, None] - 1 - window)
     return valid & recent[:, None, None, :]
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-    softcap: float | None,
-) -> torch.Tensor:
-    """SDPA over [B, H, q, D] / [B, KVH, ctx, D] (``mask`` bool, True = attend; None = causal
-    from position 0); with ``softcap`` the scores go through ``tanh(s / cap) * cap`` first, as
-    transformers' eager attention does, which SDPA cannot express."""
-    if softcap is None:
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
-        )
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
-    if mask is None:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ v

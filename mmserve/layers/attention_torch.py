@@ -1,15 +1,16 @@
 """Pure-torch paged attention: gathers each sequence's keys and calls SDPA (the fallback where
 the CPU kernel does not apply, e.g. on CUDA, in half precision or without a compiled kernel),
 and the only path for models with explicit masks (``attention_masks``: sliding windows,
-bidirectional image attention, soft-capping)."""
+bidirectional image attention)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-from mmserve.layers.attention_masks import ImageRanges, attend, decode_window_mask, prefill_mask
+from mmserve.layers.attention_masks import ImageRanges, decode_window_mask, prefill_mask
 
 
 @dataclass
@@ -119,7 +120,6 @@ def torch_paged_attention(
     plan: TorchAttentionPlan,
     scale: float,
     sliding_window: int | None = None,
-    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attend after this step's k/v were written to the cache. q: [T, H, D] -> [T, H, D]."""
     out = torch.empty_like(q)
@@ -132,7 +132,15 @@ def torch_paged_attention(
         else:
             ks = k_cache.index_select(0, seg.key_slots).transpose(0, 1)  # [KVH, ctx, D]
             vs = v_cache.index_select(0, seg.key_slots).transpose(0, 1)
-        o = attend(qs.unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0), mask, scale, softcap)
+        o = F.scaled_dot_product_attention(
+            qs.unsqueeze(0),
+            ks.unsqueeze(0),
+            vs.unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
         out[rows] = o[0].transpose(0, 1)
     if plan.decode_token_idx.numel():
         shape = (*plan.decode_key_slots.shape, *k_cache.shape[1:])
@@ -140,6 +148,8 @@ def torch_paged_attention(
         qd = q[plan.decode_token_idx].unsqueeze(2)  # [D, H, 1, Dh]
         kd = k_cache.index_select(0, flat).view(shape).transpose(1, 2)  # [D, KVH, ctx, Dh]
         vd = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
-        o = attend(qd, kd, vd, decode_mask, scale, softcap)
+        o = F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=decode_mask, scale=scale, enable_gqa=True
+        )
         out[plan.decode_token_idx] = o.squeeze(2)
     return out

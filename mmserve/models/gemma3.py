@@ -79,7 +79,6 @@ class Gemma3ForConditionalGeneration(nn.Module):
         self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
         if self._tied:
             self.lm_head.weight = self.language_model.embed_tokens.weight
-        self.final_softcap = text.final_logit_softcapping
         self.image_token_id = hf_config.image_token_id
         self.vocab_size = text.vocab_size
         self.num_layers = text.num_hidden_layers
@@ -122,10 +121,7 @@ class Gemma3ForConditionalGeneration(nn.Module):
         return self.language_model(inputs_embeds, positions, cache, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden)
-        if self.final_softcap is not None:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits
+        return self.lm_head(hidden)
 
     def mrope_positions(self, num_tokens: int, mm_items: Any) -> Any:
         raise NotImplementedError("Gemma 3 does not use M-RoPE")

@@ -1,6 +1,9 @@
 """Gemma 3's decoder over the paged KV cache: (1 + weight) RMSNorm, q/k norms, embeddings
 scaled by sqrt(hidden), gelu-tanh MLP between pre/post feed-forward norms, and local
 (sliding-window, ``rope_local_base_freq``) / global (``rope_theta`` + linear scaling) layers.
+``attn_logit_softcapping`` and ``final_logit_softcapping`` are not applied: transformers'
+``Gemma3ForConditionalGeneration`` ignores both (only its text-only ``Gemma3ForCausalLM``
+caps logits), and released Gemma 3 configs leave them null.
 
 Parameter names follow transformers' ``Gemma3TextModel`` (q/k/v and gate/up are
 ``StackedLinear``s the loader fills shard by shard).
@@ -63,7 +66,6 @@ class Gemma3Attention(nn.Module):
         self.scale = cfg.query_pre_attn_scalar**-0.5
         self.is_sliding = cfg.layer_types[layer_idx] == SLIDING
         self.sliding_window = cfg.sliding_window if self.is_sliding else None
-        self.softcap = cfg.attn_logit_softcapping
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         shards = [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
         self.qkv_proj = StackedLinear(cfg.hidden_size, shards, bias=cfg.attention_bias)
@@ -85,7 +87,6 @@ class Gemma3Attention(nn.Module):
             meta,
             self.scale,
             self.sliding_window,
-            self.softcap,
         )
         return self.o_proj(out.view(t, -1))
 

@@ -31,7 +31,7 @@ class VisionLanguageModel(Protocol):
       see each other; the engine then never splits an image across prefill chunks and passes
       the image ranges to attention).
     - ``attention_masks``: None, or what the model's attention needs beyond a causal mask
-      (sliding windows, image ranges, soft-capping): such a model runs the torch path.
+      (sliding windows, image ranges): such a model runs the torch path.
     """
 
     num_layers: int
