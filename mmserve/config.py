@@ -5,6 +5,7 @@ classes only hold and validate them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,16 @@ DEFAULT_IMAGE_LIMIT = 16
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch", "flex")
+
+
+DEVICE_SYNTAX = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
+
+
+def check_device_syntax(requested: str) -> None:
+    """ValueError unless ``requested`` is ``auto``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    if not DEVICE_SYNTAX.fullmatch(requested):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {requested!r}")
 
 
 def checkpoint_dtype(hf_config: Any) -> str | None:
@@ -29,13 +39,13 @@ def checkpoint_dtype(hf_config: Any) -> str | None:
 
 def resolve_dtype(requested: str, declared: str | None, device: str) -> str:
     """``auto``: float32 on CPU (the compiled attention kernel runs float32; half precision on
-    CPU takes the slower pure-torch path), else the checkpoint's dtype (float32 if it declares
-    none or one mmserve does not run). Any other value is returned as it is."""
+    CPU takes the slower pure-torch path); on CUDA the checkpoint's dtype when it is a half
+    one (float16 / bfloat16), else bfloat16. Any other value is returned as it is."""
     if requested != "auto":
         return requested
-    if device.split(":")[0] == "cpu" or declared not in _DTYPES:
+    if device.split(":")[0] == "cpu":
         return "float32"
-    return declared
+    return declared if declared in ("float16", "bfloat16") else "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -123,3 +133,5 @@ class EngineConfig:
     scheduler: SchedulerConfig
     seed: int = 0
     attention_backend: str = "auto"
+    device: str = "cpu"  # resolved: cpu or cuda:N
+    gpu_memory_utilization: float = 0.9  # CUDA only: the fraction of device memory to use

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -21,7 +22,13 @@ from mmserve.arg_types import (
     parse_json_object,
     parse_mm_limits,
 )
-from mmserve.config import ATTENTION_BACKENDS, CacheConfig, GiB, SchedulerConfig
+from mmserve.config import (
+    ATTENTION_BACKENDS,
+    CacheConfig,
+    GiB,
+    SchedulerConfig,
+    check_device_syntax,
+)
 
 __all__ = ["EngineArgs", "parse_bytes", "parse_json_object", "parse_mm_limits"]
 
@@ -45,22 +52,37 @@ def _arg(default: Any, help_text: str, **cli: Any) -> Any:
     return field(default=default, metadata={"help": help_text, **cli})
 
 
+def _env_arg(env: str, default: str, help_text: str, **cli: Any) -> Any:
+    """A field whose default is ``$env`` when set (the test suite's ``--device`` sets them)."""
+    help_text = f"{help_text}; ${env} sets the default"
+    return field(
+        default_factory=lambda: os.environ.get(env) or default,
+        metadata={"help": help_text, **cli},
+    )
+
+
 @dataclass
 class EngineArgs:
     """Engine settings. Unset (None) fields are autotuned from the model and the others."""
 
     model: str = _arg("tiny-llava", "preset name or HF checkpoint dir")
-    dtype: str = _arg(
-        "auto", "weights / activations: 'auto' is float32 on CPU (the compiled attention kernel's"
-        " dtype) and the checkpoint's dtype elsewhere; half = float16, float = float32",
+    dtype: str = _env_arg(
+        "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is float32 on CPU (the compiled"
+        " attention kernel's dtype) and on CUDA the checkpoint's half dtype, else bfloat16;"
+        " half = float16, float = float32",
         choices=DTYPES,
     )  # fmt: skip
     seed: int = _arg(0, "engine seed (sampling without a per-request seed)")
-    device: str = _arg("cpu", "torch device")
+    device: str = _env_arg(
+        "MMSERVE_DEVICE", "auto", "auto (CUDA when torch sees a GPU, else CPU), cpu, cuda or"
+        " cuda:N", metavar="auto|cpu|cuda[:N]",
+    )  # fmt: skip
     attention_backend: str = _arg(
         "auto",
         "LM attention: 'cpu-kernel' (compiled, reads the paged KV cache in place; CPU float32),"
-        " 'torch' (gather + SDPA, any device/dtype), 'auto' (the kernel where it applies)",
+        " 'torch' (gather + SDPA, any device/dtype), 'flex' (torch flex_attention over the paged"
+        " cache, no gathered copies; compiled on CUDA), 'auto' (the kernel where it applies,"
+        " else torch)",
         choices=ATTENTION_BACKENDS,
     )
     max_model_len: int | None = _arg(
@@ -92,8 +114,9 @@ class EngineArgs:
         type=parse_bytes, aliases=("--kv-cache-memory-bytes",),
     )  # fmt: skip
     gpu_memory_utilization: float | None = _arg(
-        None, "vLLM compatibility: accepted (0 < f <= 1) and ignored; the KV cache is sized by"
-        " --kv-cache-memory-bytes / --num-kv-blocks",
+        None, "CUDA: the fraction of the GPU's memory mmserve may use (weights, peak activations"
+        " from a profiling pass, encoder cache; the rest is KV cache), 0.9 when unset; ignored"
+        " on CPU, where --kv-cache-memory-bytes / --num-kv-blocks size the KV cache",
     )  # fmt: skip
     enable_prefix_caching: bool = _arg(True, "reuse KV blocks of shared prefixes, images included")
     prefix_caching_hash_algo: str = _arg("xxh3_128", "block hash", choices=HASH_ALGOS)
@@ -133,6 +156,7 @@ class EngineArgs:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check_device_syntax(self.device)
         if self.tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size (--tensor-parallel-size) must be 1: mmserve runs a model"
@@ -155,11 +179,11 @@ class EngineArgs:
             notes.append("--trust-remote-code is ignored: mmserve runs no code from checkpoints")
         if self.enforce_eager:
             notes.append("--enforce-eager is ignored: mmserve always runs eagerly (no graphs)")
-        if self.gpu_memory_utilization is not None:
+        if self.gpu_memory_utilization is not None and self.device == "cpu":
             notes.append(
-                f"--gpu-memory-utilization {self.gpu_memory_utilization} is ignored: the KV"
-                f" cache is sized by --kv-cache-memory-bytes ({self.kv_cache_memory} bytes) or"
-                " --num-kv-blocks"
+                f"--gpu-memory-utilization {self.gpu_memory_utilization} is ignored on CPU: the"
+                f" KV cache is sized by --kv-cache-memory-bytes ({self.kv_cache_memory} bytes)"
+                " or --num-kv-blocks"
             )
         return notes
 

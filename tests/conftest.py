@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -33,13 +35,14 @@ class Reference:
         from transformers import AutoProcessor, LlavaForConditionalGeneration
 
         path = resolve_model_path(model_name)
+        self.device = engine_device()
         self.processor = AutoProcessor.from_pretrained(path)
         self.model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
-        self.model.eval()
+        self.model.to(self.device).eval()
 
     def inputs(self, prompt: str, images: list[Image.Image]) -> dict:
         kwargs = {"images": images} if images else {}
-        return self.processor(text=prompt, return_tensors="pt", **kwargs)
+        return self.processor(text=prompt, return_tensors="pt", **kwargs).to(self.device)
 
     def greedy(self, prompt: str, images: list[Image.Image], max_new_tokens: int) -> list[int]:
         inputs = self.inputs(prompt, images)
@@ -65,9 +68,36 @@ def assert_no_leaks(llm) -> None:
     assert metrics["num_requests_running"] == metrics["num_requests_waiting"] == 0
 
 
+def engine_device() -> str:
+    """The device this run's engines and transformers references use (``--device``)."""
+    return os.environ.get("MMSERVE_DEVICE", "cpu")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-seeds", type=int, default=24, help="differential fuzz: seeds 0..N-1")
     parser.addoption("--fuzz-first-seed", type=int, default=0, help="differential fuzz: first")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="device of the engines under test: cpu, cuda or cuda:N (every test is skipped"
+        " when CUDA is asked for and absent); parity runs in float32 there too",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    device = config.getoption("device")
+    os.environ["MMSERVE_DEVICE"] = device  # EngineArgs' default, also in server subprocesses
+    if device != "cpu":
+        os.environ["MMSERVE_DTYPE"] = "float32"  # token-identical parity is a float32 claim
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("device").startswith("cuda") and not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="--device cuda: torch sees no CUDA device here")
+        for item in items:
+            item.add_marker(skip)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -88,3 +88,5 @@ def test_models_with_masks_never_get_the_causal_kernel():
     assert select_attention_backend("auto", CPU, torch.float32, 64, needs) == "torch"
     with pytest.raises(ValueError, match="causal only; the model needs a sliding window"):
         select_attention_backend("cpu-kernel", CPU, torch.float32, 64, needs)
+    with pytest.raises(ValueError, match="'flex' is not available: its block mask is causal"):
+        select_attention_backend("flex", CPU, torch.float32, 64, needs)

@@ -12,7 +12,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 
 from mmserve import LLM, SamplingParams
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
-from tests.conftest import assert_no_leaks, make_image
+from tests.conftest import assert_no_leaks, engine_device, make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
 MAX_NEW = 24
@@ -34,7 +34,8 @@ class QwenReference:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(path, **processor_kwargs)
         model_class = getattr(transformers, AutoConfig.from_pretrained(path).architectures[0])
-        self.model = model_class.from_pretrained(path, dtype=torch.float32).eval()
+        self.device = engine_device()
+        self.model = model_class.from_pretrained(path, dtype=torch.float32).to(self.device).eval()
         self._greedy: dict[tuple, list[int]] = {}
 
     def inputs(self, prompt: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
@@ -57,7 +58,7 @@ class QwenReference:
         """Memoized by prompt and image identity (the tests reuse their image objects)."""
         key = (prompt, tuple(map(id, images)), max_new)
         if key not in self._greedy:
-            inputs = self.inputs(prompt, images)
+            inputs = {k: v.to(self.device) for k, v in self.inputs(prompt, images).items()}
             with torch.inference_mode():
                 out = self.model.generate(**inputs, max_new_tokens=max_new, do_sample=False)
             self._greedy[key] = out[0, inputs["input_ids"].shape[1] :].tolist()

@@ -87,12 +87,13 @@ def test_dtype_takes_vllm_names(value: str, stored: str) -> None:
     assert serve_args("--dtype", value).dtype == stored
 
 
-def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_elsewhere() -> None:
+def test_auto_dtype_is_float32_on_cpu_and_half_on_cuda() -> None:
     assert resolve_dtype("auto", "bfloat16", "cpu") == "float32"
     assert resolve_dtype("auto", "bfloat16", "cuda:0") == "bfloat16"
-    assert resolve_dtype("auto", "float16", "cuda") == "float16"
-    assert resolve_dtype("auto", None, "cuda") == "float32"
-    assert resolve_dtype("auto", "float64", "cuda") == "float32"
+    assert resolve_dtype("auto", "float16", "cuda") == "float16"  # the checkpoint's half dtype
+    assert resolve_dtype("auto", None, "cuda") == "bfloat16"
+    assert resolve_dtype("auto", "float32", "cuda") == "bfloat16"
+    assert resolve_dtype("auto", "float64", "cuda") == "bfloat16"
     assert resolve_dtype("float16", "float32", "cpu") == "float16"  # asked for: kept
 
 

@@ -35,6 +35,7 @@ from mmserve.engine.loading import (
     torch_dtype,
 )
 from mmserve.engine.malloc_tuning import tune_malloc
+from mmserve.engine.memory_profile import num_kv_blocks
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
@@ -57,17 +58,18 @@ class LLMEngine:
     def __init__(
         self,
         config: EngineConfig,
-        device: str = "cpu",
+        device: str | None = None,
         allowed_local_path: Any = True,
         media_policy: MediaFetchPolicy | None = None,
     ) -> None:
-        """``media_policy`` says which image URLs / files may be read (default: public URLs,
-        and local files as ``allowed_local_path`` says: True any, a directory below it)."""
+        """``device`` overrides ``config.device``; ``media_policy`` says which image URLs /
+        files may be read (default: public URLs, and local files as ``allowed_local_path``
+        says: True any, a directory below it)."""
         tune_malloc()  # opt-in: glibc keeps freed memory (MMSERVE_MALLOC_TUNING=1)
         self.config = config
         mc, sc, cc = config.model, config.scheduler, config.cache
         torch.manual_seed(config.seed)
-        self.device = torch.device(device)
+        self.device = torch.device(device or config.device)
         self.tokenizer = load_tokenizer(mc.path)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.chat_template = ChatTemplate.of(
@@ -96,7 +98,9 @@ class LLMEngine:
         self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
         self.encoder_budget, _ = compute_encoder_budget(mc, sc)
         capacity = encoder_cache_capacity(mc, sc, cc)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = num_kv_blocks(
+            config, self.model, self.device, capacity, self.encoder_budget, self.processor
+        )
         if mc.max_model_len > num_blocks * cc.block_size:
             raise ValueError(
                 f"max_model_len={mc.max_model_len} is more than the KV cache holds"
@@ -171,7 +175,7 @@ class LLMEngine:
         allowed_local_path: Any = True,
         media_policy: MediaFetchPolicy | None = None,
     ) -> LLMEngine:
-        return cls(create_engine_config(args), args.device, allowed_local_path, media_policy)
+        return cls(create_engine_config(args), None, allowed_local_path, media_policy)
 
     def _default_stall_steps(self) -> int:
         """Generously more steps than the progress argument in ``Scheduler`` needs before the
@@ -180,20 +184,6 @@ class LLMEngine:
         mc, sc = self.config.model, self.config.scheduler
         tokens = mc.max_model_len + sc.max_num_seqs * mc.max_tokens_per_image
         return 2 * (cdiv(tokens, sc.max_num_batched_tokens) + sc.max_images_per_prompt) + 64
-
-    def _num_kv_blocks(self) -> int:
-        cc, mc, sc = self.config.cache, self.config.model, self.config.scheduler
-        if cc.num_kv_blocks is not None:
-            return cc.num_kv_blocks
-        per_block = PagedKVCache.bytes_per_block(
-            self.model.num_layers,
-            cc.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            mc.dtype_bytes,
-        )
-        wanted = sc.max_num_seqs * cdiv(mc.max_model_len, cc.block_size)
-        return max(1, min(wanted, cc.kv_cache_memory // per_block))
 
     # ---- admission ---------------------------------------------------------------------
     def process_inputs(

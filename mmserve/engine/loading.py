@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from mmserve.config import EngineConfig, ModelConfig, checkpoint_dtype, resolve_dtype
 from mmserve.engine.chat_template import find_chat_template
+from mmserve.engine.device import resolve_device
 from mmserve.engine.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.models.interface import VisionLanguageModel
@@ -67,7 +68,9 @@ def build_model_config(
 
 
 def create_engine_config(args: EngineArgs) -> EngineConfig:
-    """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights)."""
+    """Validate ``args`` once into frozen configs (reads the checkpoint's config, not weights);
+    ``--device auto`` is resolved here."""
+    device = resolve_device(args.device)
     model_config = build_model_config(
         args.model,
         args.dtype,
@@ -75,7 +78,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.processor_kwargs,
         args.chat_template,
         args.generation_config,
-        device=args.device,
+        device=device,
     )
     scheduler_config = args.scheduler_config()
     _, model_cls = resolve_architecture(model_config.hf_config)
@@ -88,6 +91,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         scheduler_config,
         args.seed,
         args.attention_backend,
+        device,
+        args.gpu_memory_utilization or 0.9,
     )
 
 

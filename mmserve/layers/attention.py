@@ -10,6 +10,7 @@ import torch
 
 from mmserve.config import ATTENTION_BACKENDS
 from mmserve.kernels import kernel_head_dims, paged_attention_kernel, unavailable_reason
+from mmserve.layers.attention_flex import FlexAttentionPlan, flex_paged_attention
 from mmserve.layers.attention_masks import ImageRanges
 from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
 
@@ -38,7 +39,9 @@ class AttentionMetadata:
     seq_lens_host: list[int]
     use_kernel: bool
     image_ranges: list[ImageRanges] | None = None
+    use_flex: bool = False
     _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
+    _flex_plan: FlexAttentionPlan | None = field(default=None, repr=False)
 
     def torch_plan(self) -> TorchAttentionPlan:
         """The pure-torch backend's per-step plan, built once and shared by every layer."""
@@ -51,6 +54,19 @@ class AttentionMetadata:
                 self.image_ranges,
             )
         return self._torch_plan
+
+    def flex_plan(self, num_slots: int) -> FlexAttentionPlan:
+        """The flex backend's block mask for this step, built once and shared by every layer."""
+        if self._flex_plan is None:
+            self._flex_plan = FlexAttentionPlan.build(
+                self.block_tables,
+                self.query_start_loc,
+                self.seq_lens,
+                self.query_lens_host,
+                self.block_size,
+                num_slots,
+            )
+        return self._flex_plan
 
 
 class PagedKVCache:
@@ -87,7 +103,7 @@ def select_attention_backend(
     dtype: torch.dtype,
     head_dim: int,
     attention_masks: str | None = None,
-) -> Literal["cpu-kernel", "torch"]:
+) -> Literal["cpu-kernel", "torch", "flex"]:
     """``auto`` takes the CPU kernel where it applies (CPU, float32, a compiled head_dim, a
     causal-only model); asking for ``cpu-kernel`` where it does not is a ValueError naming the
     reason. ``attention_masks``: the model's masks the causal kernel lacks (None: none)."""
@@ -97,6 +113,13 @@ def select_attention_backend(
         )
     if requested == "torch":
         return "torch"
+    if requested == "flex":
+        if attention_masks is not None:
+            raise ValueError(
+                "attention_backend 'flex' is not available: its block mask is causal only;"
+                f" the model needs {attention_masks}"
+            )
+        return "flex"
     reason = ""
     if attention_masks is not None:
         reason = f"the CPU kernel is causal only; the model needs {attention_masks}"
@@ -151,5 +174,8 @@ def paged_attention(
             scale,
             meta.block_size,
         )
+    if meta.use_flex:
+        assert sliding_window is None and meta.image_ranges is None
+        return flex_paged_attention(k_cache, v_cache, q, meta.flex_plan(k_cache.shape[0]), scale)
     plan = meta.torch_plan()
     return torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)

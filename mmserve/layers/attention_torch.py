@@ -38,13 +38,14 @@ class TorchAttentionPlan:
     decode_key_slots: torch.Tensor  # [D, max_ctx] slots, padded with 0
     decode_mask: torch.Tensor  # [D, 1, 1, max_ctx] bool, True where the key is valid
     decode_seq_lens: torch.Tensor | None = None  # [D] keys of each decode row
+    has_images: bool = False  # some prefill segment has bidirectional image ranges
     _masks: dict[int | None, tuple[list[torch.Tensor | None], torch.Tensor]] = field(
         default_factory=dict
     )
 
     def masks(self, window: int | None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
         """(mask of each prefill segment, decode mask) for layers with this window."""
-        if window is None and not any(seg.images for seg in self.prefills):
+        if window is None and not self.has_images:
             return [seg.causal_mask for seg in self.prefills], self.decode_mask
         if window not in self._masks:
             device = self.decode_mask.device
@@ -108,6 +109,7 @@ class TorchAttentionPlan:
             key_slots,
             valid[:, None, None, :],
             torch.tensor(decode_lens, dtype=torch.long, device=device),
+            any(seg.images for seg in prefills),
         )
 
 

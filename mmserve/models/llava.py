@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from mmserve.layers.transfer import to_device_like
 from mmserve.models.clip_vision import CLIPVisionTower
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
@@ -74,8 +75,8 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
     def encode_images(self, pixel_values: list[Any]) -> list[torch.Tensor]:
         """One batched vision pass; returns [num_embeddings, hidden] per image."""
         param = self.multi_modal_projector.linear_1.weight
-        batch = torch.stack([torch.as_tensor(np.asarray(p)) for p in pixel_values]).to(
-            device=param.device, dtype=param.dtype
+        batch = to_device_like(
+            torch.stack([torch.as_tensor(np.asarray(p)) for p in pixel_values]), param
         )
         feats = self.vision_tower(batch)  # hidden_states[vision_feature_layer]
         if self.config.vision_feature_select_strategy == "default":

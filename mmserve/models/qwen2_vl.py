@@ -22,6 +22,7 @@ from transformers import Qwen2VLImageProcessorPil
 from mmserve.inputs import MultiModalItem
 from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, mrope_positions
 from mmserve.layers.rotary import rope_theta
+from mmserve.layers.transfer import to_device_like
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
 from mmserve.models.qwen2_vl_vision import Grid, Qwen2VisionTransformer
@@ -160,9 +161,7 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         grids: list[Grid] = [_grid(d["image_grid_thw"]) for d in images]
         order = sorted(range(len(images)), key=lambda i: grids[i][1] * grids[i][2])
         pixels = torch.cat([torch.as_tensor(np.asarray(images[i]["pixel_values"])) for i in order])
-        out = self.visual(
-            pixels.to(device=param.device, dtype=param.dtype), [grids[i] for i in order]
-        )
+        out = self.visual(to_device_like(pixels, param), [grids[i] for i in order])
         sizes = [math.prod(grids[i]) // self.merge_size**2 for i in order]
         by_image = dict(zip(order, out.split(sizes), strict=True))
         return [by_image[i] for i in range(len(images))]

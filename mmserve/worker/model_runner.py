@@ -249,7 +249,8 @@ class ModelRunner:
         ids: list[int] = []
         mrope_positions, tables, query_lens, seq_lens = [], [], [], []
         mm_dst, mm_src = [], []
-        image_ranges: list[list[tuple[int, int]]] = []
+        # bidirectional-image models only: the image ranges each sequence's queries overlap
+        image_ranges: list[list[tuple[int, int]]] | None = [] if self.bidirectional_images else None
         sample_idx, sample_req_ids = [], []
         prompt_rows: list[tuple[str, int, int, int]] = []
         offset = 0
@@ -269,7 +270,8 @@ class ModelRunner:
                     mm_dst.append(torch.arange(lo, hi) - start + offset)
                     mm_src.append(self.encoder.get_slice(item, lo, hi))
                     ranges.append((item.offset, item.end))
-            image_ranges.append(ranges)
+            if image_ranges is not None:
+                image_ranges.append(ranges)
             if state.params.prompt_logprobs is not None:
                 last = min(end, state.num_prompt_tokens - 1)
                 if last > start:
@@ -296,7 +298,8 @@ class ModelRunner:
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
             use_kernel=self.attention_backend == "cpu-kernel",
-            image_ranges=image_ranges if self.bidirectional_images else None,
+            use_flex=self.attention_backend == "flex",
+            image_ranges=image_ranges,
         )
         positions = torch.cat(mrope_positions, dim=-1) if self.uses_mrope else pos
         return FlatBatch(
