@@ -21,6 +21,8 @@ QWEN_PIXELS = {"max_pixels": 28 * 28 * 100, "min_pixels": 28 * 28 * 4}  # 4..100
 MODELS: dict[str, dict[str, Any]] = {
     "tiny-llava": {"max_model_len": 1024, "processor_kwargs": None},
     "tiny-qwen2-vl": {"max_model_len": 512, "processor_kwargs": QWEN_PIXELS},
+    # images never split across chunks, bidirectional within an image, sliding window 8
+    "tiny-gemma3": {"max_model_len": 512, "processor_kwargs": None},
 }
 POISON = Image.new("RGB", (64, 64), (200, 30, 30))  # a flat image the fault injector rejects
 
@@ -48,6 +50,8 @@ def image_pool(model: str) -> list[Image.Image]:
 
 
 def placeholder(model: str) -> str:
+    if model == "tiny-gemma3":
+        return "<start_of_image>"
     return "<image>" if model == "tiny-llava" else "<|vision_start|><|image_pad|><|vision_end|>"
 
 

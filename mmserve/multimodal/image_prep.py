@@ -63,7 +63,9 @@ def _hf_gemma3(image_processor: Any, image: Image.Image) -> Any:
 
 
 def _gemma3_inputs(pixel_values: Any, image_processor: Any, model_config: ModelConfig) -> Any:
-    return pixel_values, len(pixel_values) * model_config.max_tokens_per_image
+    """[3, H, W] without crops (as LLaVA's), else [1 + crops, 3, H, W]."""
+    data = pixel_values[0] if len(pixel_values) == 1 else pixel_values
+    return data, len(pixel_values) * model_config.max_tokens_per_image
 
 
 def _gemma3_image_text(tokenizer: Any, model_config: ModelConfig) -> ImageText:
@@ -86,8 +88,9 @@ def _gemma3_image_text(tokenizer: Any, model_config: ModelConfig) -> ImageText:
 @dataclass(frozen=True)
 class ImageText:
     """A family whose processor expands the image marker in the prompt *text* (Gemma 3):
-    ``text(groups)`` replaces ``marker`` for an image whose data has ``groups`` rows (the image
-    and its crops), each written as one run of ``image_token_id`` placeholders."""
+    ``text(groups)`` replaces ``marker`` for an image of ``groups`` embedding groups (the image
+    and its crops: a 4-D data array has one row per group, any other data is one group), each
+    written as one run of ``image_token_id`` placeholders."""
 
     marker: str
     text: Callable[[int], str]

@@ -138,7 +138,8 @@ class InputProcessor:
             s if isinstance(s, PreparedImage) else self.prepare_image(s, cache_salt, mm_kwargs)
             for s in images
         ]
-        texts = [self.image_text.text(len(p.data)) for p in prepared]
+        groups = [_groups(p.data) for p in prepared]
+        texts = [self.image_text.text(n) for n in groups]
         if isinstance(prompt, str):
             parts = prompt.split(self.image_text.marker)
             prompt = parts[0] + "".join(t + part for t, part in zip(texts, parts[1:], strict=True))
@@ -150,21 +151,21 @@ class InputProcessor:
             ids = self._expand_marker_tokens(ids, texts)
         edges = np.diff(np.concatenate(([0], ids == image_token, [0])))
         starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        if len(starts) != sum(len(p.data) for p in prepared):
+        if len(starts) != sum(groups):
             raise ValueError(
                 f"prompt has {len(starts)} runs of image tokens, its {len(images)} image(s)"
-                f" need {sum(len(p.data) for p in prepared)}"
+                f" need {sum(groups)}"
             )
         items: list[MultiModalItem] = []
-        for i, image in enumerate(prepared):
+        for i, (image, n) in enumerate(zip(prepared, groups, strict=True)):
             key = self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
-            per_group = image.length // len(image.data)
-            for crop, rows in enumerate(image.data):
+            rows = [image.data] if n == 1 else list(image.data)  # one group: the memo's object
+            for crop, data in enumerate(rows):
                 start, end = int(starts[len(items)]), int(ends[len(items)])
-                if end - start != per_group:
-                    raise ValueError(f"image {i} needs runs of {per_group} image tokens")
-                crop_key = key if len(image.data) == 1 else f"{key}#{crop}"
-                items.append(MultiModalItem(crop_key, start, per_group, rows))
+                if end - start != image.length // n:
+                    raise ValueError(f"image {i} needs runs of {image.length // n} image tokens")
+                crop_key = key if n == 1 else f"{key}#{crop}"
+                items.append(MultiModalItem(crop_key, start, image.length // n, data))
         return ProcessedPrompt(ids.tolist(), items)
 
     def _expand_marker_tokens(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
@@ -237,6 +238,11 @@ class InputProcessor:
             prepared = preparer.prepare(raw)
             self.memo.put(key, prepared)
         return prepared
+
+
+def _groups(data: Any) -> int:
+    """Embedding groups of an ``ImageText`` family's image data (see ``ImageText``)."""
+    return len(data) if getattr(data, "ndim", 0) == 4 else 1
 
 
 def memo_key(
