@@ -18,9 +18,12 @@ from mmserve.engine.loading import build_model_config
 from tests.conftest import make_image
 
 QWEN_PIXELS = {"max_pixels": 28 * 28 * 100, "min_pixels": 28 * 28 * 4}  # 4..100 embeddings
+QWEN3_PIXELS = {"max_pixels": 32 * 32 * 100, "min_pixels": 32 * 32 * 4}  # 4..100 embeddings
 MODELS: dict[str, dict[str, Any]] = {
     "tiny-llava": {"max_model_len": 1024, "processor_kwargs": None},
     "tiny-qwen2-vl": {"max_model_len": 512, "processor_kwargs": QWEN_PIXELS},
+    # DeepStack rows sliced at every chunk, prefix-hit and preemption boundary
+    "tiny-qwen3-vl": {"max_model_len": 512, "processor_kwargs": QWEN3_PIXELS},
     # images never split across chunks, bidirectional within an image, sliding window 8
     "tiny-gemma3": {"max_model_len": 512, "processor_kwargs": None},
 }
@@ -44,7 +47,7 @@ def max_tokens_per_image(model: str) -> int:
 @functools.cache  # the same objects every seed: PlainOutputs memoizes by image identity
 def image_pool(model: str) -> list[Image.Image]:
     sizes = [(96, 80), (64, 64), (120, 50), (70, 90)]
-    if model == "tiny-qwen2-vl":
+    if model != "tiny-llava":
         sizes = [(252, 252), (112, 168), (280, 140), (56, 84)]
     return [make_image(10 + i, size) for i, size in enumerate(sizes)]
 

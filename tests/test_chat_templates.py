@@ -23,6 +23,8 @@ LAYOUTS = {
     "tiny-qwen2-vl": ("chat_template.jinja", "openai", "tokenizer"),
     "tiny-llava-hub": ("chat_template.json", "openai", "processor"),
     "tiny-qwen2-vl-hub": ("chat_template.json", "openai", "tokenizer"),
+    "tiny-qwen3-vl": ("chat_template.jinja", "openai", "tokenizer"),
+    "tiny-qwen3-vl-hub": ("chat_template.json", "openai", "tokenizer"),
     "tiny-llava-jinja": ("chat_template.jinja", "string", "tokenizer"),
 }
 PLACEHOLDER = {"tiny-qwen2-vl": "<|vision_start|><|image_pad|><|vision_end|>"}

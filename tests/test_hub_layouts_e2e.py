@@ -54,7 +54,10 @@ def expected_prompt(layout: str, llm: LLM, with_image: bool) -> str:
     return hf_render(reference(layout), messages)
 
 
-@pytest.fixture(scope="module", params=["tiny-llava-hub", "tiny-qwen2-vl-hub", "tiny-llava-jinja"])
+@pytest.fixture(
+    scope="module",
+    params=["tiny-llava-hub", "tiny-qwen2-vl-hub", "tiny-qwen3-vl-hub", "tiny-llava-jinja"],
+)
 def layout(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, RunningServer]]:
     with serve(request.param) as server:
         yield request.param, LLM(request.param), server

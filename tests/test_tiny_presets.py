@@ -233,6 +233,12 @@ def test_public_api() -> None:
         "tiny-qwen2-vl-small",
         "tiny-qwen2.5-vl",
         "tiny-qwen2.5-vl-small",
+        "tiny-qwen3-vl",
+        "tiny-qwen3-vl-small",
+        "tiny-llava-onevision",
+        "tiny-llava-onevision-small",
+        "tiny-llava-next",
+        "tiny-llava-next-small",
         "tiny-gemma3",
         "tiny-gemma3-small",
     )

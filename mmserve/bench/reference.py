@@ -14,8 +14,12 @@ from typing import Any
 import torch
 from PIL import Image
 
-# Qwen2.5-VL ships Qwen2-VL's image processor and placeholders
-QWEN_VL = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+# Qwen2.5-VL and Qwen3-VL ship Qwen2-VL's image processor and placeholders
+QWEN_VL = (
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",
+)
 
 
 class HFInputs:
@@ -37,6 +41,11 @@ class HFInputs:
             assert isinstance(pad_id, int)
             self.pad_id = pad_id
             self.processor = None
+        elif architecture == "LlavaOnevisionForConditionalGeneration":
+            from mmserve.models.tiny.llava_onevision import load_onevision_processor
+
+            self.processor = load_onevision_processor(path)  # AutoProcessor needs torchvision
+            self.tokenizer = self.processor.tokenizer
         else:
             self.processor = AutoProcessor.from_pretrained(path, **kwargs)
             self.tokenizer = self.processor.tokenizer

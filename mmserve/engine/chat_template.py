@@ -27,7 +27,10 @@ _JINJA_CHARS = "{}\n"
 # ``hf_config.model_type``: the text the model's processor expands.
 IMAGE_PLACEHOLDERS = {
     "llava": "<image>",
+    "llava_next": "<image>",
+    "llava_onevision": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 
 

@@ -57,6 +57,7 @@ def build_model_config(
         dtype=dtype,
         max_model_len=max_model_len or limit,
         hidden_size=text.hidden_size,
+        embedding_width=model_cls.embedding_width(hf_config),
         image_token_id=getattr(hf_config, "image_token_id", None),
         eos_token_ids=eos,
         max_tokens_per_image=model_cls.max_tokens_per_image(hf_config, kwargs),
@@ -93,6 +94,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.attention_backend,
         device,
         args.gpu_memory_utilization or 0.9,
+        args.encoder_store_config(),
     )
 
 

@@ -170,7 +170,7 @@ def num_kv_blocks(
         device=device,
         dummy_image_data=images,
     )
-    encoder_cache_bytes = encoder_cache_capacity * mc.hidden_size * mc.dtype_bytes
+    encoder_cache_bytes = encoder_cache_capacity * mc.bytes_per_embedding
     plan = MemoryPlan.of(
         usage, config.gpu_memory_utilization, encoder_cache_bytes, per_block, wanted
     )

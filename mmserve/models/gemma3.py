@@ -64,6 +64,7 @@ class Gemma3ForConditionalGeneration(nn.Module):
     """Model contract (``interface.VisionLanguageModel``) for Gemma 3 with images."""
 
     uses_mrope = False
+    deepstack_layers = 0
     image_attention = "bidirectional"
     attention_masks: str | None = (
         "Gemma 3's sliding-window layers and bidirectional attention within an image"
@@ -89,6 +90,10 @@ class Gemma3ForConditionalGeneration(nn.Module):
     def _tied(self) -> bool:
         text = self.config.text_config
         return bool(getattr(self.config, "tie_word_embeddings", text.tie_word_embeddings))
+
+    @staticmethod
+    def embedding_width(hf_config: Any) -> int:
+        return int(hf_config.text_config.hidden_size)
 
     @staticmethod
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
@@ -117,7 +122,9 @@ class Gemma3ForConditionalGeneration(nn.Module):
             token_ids = token_ids.masked_fill(token_ids == self.image_token_id, 0)
         return self.language_model.embed(token_ids)
 
-    def forward(self, inputs_embeds, positions, cache, meta) -> torch.Tensor:
+    def forward(self, inputs_embeds, positions, cache, meta, deepstack=None) -> torch.Tensor:
+        if deepstack is not None:
+            raise ValueError("Gemma 3 has no DeepStack layers")
         return self.language_model(inputs_embeds, positions, cache, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
@@ -18,15 +18,33 @@ if TYPE_CHECKING:
     from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 
 
+class DeepstackInputs(NamedTuple):
+    """The DeepStack features of the image tokens of one flat batch.
+
+    ``rows``: flat batch indices of the image tokens; ``features``: their rows of the encoder
+    output past the first ``hidden_size`` columns, ``[len(rows), hidden_size * k]`` (feature
+    ``i`` is added after decoder layer ``i``).
+    """
+
+    rows: torch.Tensor
+    features: torch.Tensor
+
+
 class VisionLanguageModel(Protocol):
     """A VLM as mmserve runs it.
 
     - KV geometry (``num_layers``, ``num_kv_heads``, ``head_dim``) sizes the paged KV cache.
     - ``encode_images`` maps a batch of processor outputs (one per image) to one tensor of
-      ``[num_embeddings, hidden_size]`` each; ``embed`` + ``__call__`` + ``compute_logits`` run the
+      ``[num_embeddings, embedding_width(hf_config)]`` each (``hidden_size`` wide unless the
+      model has DeepStack layers); ``embed`` + ``__call__`` + ``compute_logits`` run the
       language model over the paged KV cache for a flat varlen batch.
     - ``uses_mrope``: positions are ``[3, num_tokens]`` from ``mrope_positions`` (Qwen2-VL)
       instead of ``arange``.
+    - ``deepstack_layers`` (k > 0: Qwen3-VL): each image embedding row is
+      ``embedding_width(hf_config)`` = ``hidden_size * (1 + k)`` wide, the main embedding then
+      k DeepStack features. The encoder cache holds (and budgets) the wide rows; the runner
+      splices the first ``hidden_size`` columns into the input embeddings and passes the rest,
+      with their flat rows, as ``DeepstackInputs`` to ``__call__``. Models with k = 0 get None.
     - ``image_attention``: ``"causal"``, or ``"bidirectional"`` (Gemma 3: an image's tokens
       see each other; the engine then never splits an image across prefill chunks and passes
       the image ranges to attention).
@@ -38,6 +56,11 @@ class VisionLanguageModel(Protocol):
     num_kv_heads: int
     head_dim: int
     uses_mrope: bool
+    deepstack_layers: int
+
+    @staticmethod
+    def embedding_width(hf_config: Any) -> int: ...
+
     image_attention: str
     attention_masks: str | None
 
@@ -58,6 +81,7 @@ class VisionLanguageModel(Protocol):
         positions: torch.Tensor,
         cache: PagedKVCache,
         meta: AttentionMetadata,
+        deepstack: DeepstackInputs | None = None,
     ) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...

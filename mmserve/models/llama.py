@@ -61,9 +61,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
+    def __init__(
+        self,
+        cfg,
+        layer_idx: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        attention_cls: type[Attention] = Attention,
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, qkv_bias, o_bias)
+        self.self_attn = attention_cls(cfg, layer_idx, qkv_bias, o_bias)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -85,6 +92,7 @@ class LlamaModel(nn.Module):
 
     ``rotary_emb`` replaces the default RoPE (e.g. ``MRotaryEmbedding``, whose positions are
     [3, T] instead of [T]); it is called as ``rotary_emb(positions, dtype) -> (cos, sin)``.
+    ``attention_cls`` replaces the attention of every layer (e.g. Qwen3's, with q/k norms).
     """
 
     def __init__(
@@ -93,6 +101,7 @@ class LlamaModel(nn.Module):
         qkv_bias: bool | None = None,
         o_bias: bool | None = None,
         rotary_emb: nn.Module | None = None,
+        attention_cls: type[Attention] = Attention,
     ) -> None:
         super().__init__()
         bias = getattr(cfg, "attention_bias", False)
@@ -100,7 +109,8 @@ class LlamaModel(nn.Module):
         o_bias = bias if o_bias is None else o_bias
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, qkv_bias, o_bias) for i in range(cfg.num_hidden_layers)
+            DecoderLayer(cfg, i, qkv_bias, o_bias, attention_cls)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if rotary_emb is None:
@@ -131,6 +141,7 @@ class LlamaLMHeadMixin:
     language_model: LlamaModel
     lm_head: nn.Linear
     uses_mrope = False
+    deepstack_layers = 0
     image_attention = "causal"
     attention_masks: str | None = None
     num_layers: int
@@ -150,10 +161,17 @@ class LlamaLMHeadMixin:
             return {}
         return {"lm_head.weight": "language_model.embed_tokens.weight"}
 
+    @staticmethod
+    def embedding_width(hf_config: Any) -> int:
+        """Width of one image embedding row as ``encode_images`` returns it."""
+        return int(hf_config.text_config.hidden_size)
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.embed_tokens(token_ids)
 
-    def forward(self, inputs_embeds, positions, cache, meta) -> torch.Tensor:
+    def forward(self, inputs_embeds, positions, cache, meta, deepstack=None) -> torch.Tensor:
+        if deepstack is not None:
+            raise ValueError(f"{type(self).__name__} has no DeepStack layers")
         return self.language_model(inputs_embeds, positions, cache, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

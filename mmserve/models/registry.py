@@ -7,13 +7,19 @@ from typing import Any
 from mmserve.models.gemma3 import Gemma3ForConditionalGeneration
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.llava import LlavaForConditionalGeneration
+from mmserve.models.llava_next import LlavaNextForConditionalGeneration
+from mmserve.models.llava_onevision import LlavaOnevisionForConditionalGeneration
 from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
 MODEL_REGISTRY: dict[str, type[VisionLanguageModel]] = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
+    "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
+    "LlavaOnevisionForConditionalGeneration": LlavaOnevisionForConditionalGeneration,
+    "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
 }
 

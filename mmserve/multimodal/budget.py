@@ -68,5 +68,5 @@ def encoder_cache_capacity(
     explicit = scheduler_config.encoder_cache_size is not None
     if explicit or floor == 0 or not cache_config.enable_encoder_cache:
         return floor
-    bytes_per_embedding = model_config.hidden_size * model_config.dtype_bytes
-    return max(floor, cache_config.encoder_cache_memory // max(bytes_per_embedding, 1))
+    per_embedding = model_config.bytes_per_embedding
+    return max(floor, cache_config.encoder_cache_memory // max(per_embedding, 1))

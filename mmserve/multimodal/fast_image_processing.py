@@ -1,8 +1,9 @@
 """The model's image processor redone for one image in a few vectorized uint8 / float32 passes.
 
 Covers what the transformers PIL processors do for the supported models (``CLIPImageProcessor``
-for LLaVA, ``Qwen2VLImageProcessor``): RGB conversion, resize, center crop, rescale, normalize
-and Qwen2-VL's patchify, read from the loaded processor object (so ``preprocessor_config.json``
+for LLaVA, ``Qwen2VLImageProcessor``, and the LLaVA-NeXT / OneVision anyres tiling in
+``fast_anyres``): RGB conversion, resize, center crop, rescale, normalize and Qwen2-VL's
+patchify, read from the loaded processor object (so ``preprocessor_config.json``
 and the user's ``processor_kwargs`` both apply). Output shapes and dtypes are the processor's.
 
 Modes (``PREPROCESSING_MODES``):
@@ -51,6 +52,8 @@ from PIL import Image
 from transformers.image_transforms import center_crop, convert_to_rgb, get_resize_output_image_size
 from transformers.image_utils import ChannelDimension
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+from mmserve.multimodal.fast_anyres import AnyresImageProcessing
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +245,7 @@ class Qwen2VLImageProcessing:
         return out.reshape(gh * gw, 3 * t * p * p), (1, gh, gw)
 
 
-FastImageProcessing = ClipImageProcessing | Qwen2VLImageProcessing
+FastImageProcessing = ClipImageProcessing | Qwen2VLImageProcessing | AnyresImageProcessing
 
 
 def processor_settings(image_processor: Any) -> dict[str, Any]:
@@ -381,7 +384,23 @@ def _qwen2_vl(settings: dict[str, Any], mode: str) -> Qwen2VLImageProcessing:
     )
 
 
+def _anyres(settings: dict[str, Any], mode: str) -> AnyresImageProcessing:
+    """LLaVA-NeXT / OneVision: crops of one square size, which every per-crop resize and center
+    crop leaves as they are."""
+    fields, crop = _size(settings.get("size")), _size(settings.get("crop_size"))
+    side = fields.get("shortest_edge") or fields.get("height")
+    if not settings.get("do_resize") or side is None or set(fields.values()) != {side}:
+        raise _Unsupported(f"do_resize={settings.get('do_resize')}, size={fields}")
+    if (crop or settings.get("do_center_crop")) and crop != {"height": side, "width": side}:
+        raise _Unsupported(f"crop_size={crop}")
+    used = {"do_center_crop", "crop_size", "do_pad", "pad_size", "image_grid_pinpoints"}
+    pinpoints = tuple((int(h), int(w)) for h, w in settings["image_grid_pinpoints"])
+    return AnyresImageProcessing(_pixels(settings, mode, used), side, pinpoints)
+
+
 _BUILDERS: dict[type, Callable[[dict[str, Any], str], FastImageProcessing]] = {
     transformers.CLIPImageProcessorPil: _clip,
     transformers.Qwen2VLImageProcessorPil: _qwen2_vl,
+    transformers.LlavaOnevisionImageProcessorPil: _anyres,
+    transformers.LlavaNextImageProcessorPil: _anyres,
 }

@@ -18,6 +18,7 @@ from typing import Any
 from PIL import Image
 
 from mmserve.config import ModelConfig
+from mmserve.multimodal.anyres import anyres_inputs, hf_anyres
 from mmserve.multimodal.fast_image_processing import (
     DEFAULT_PREPROCESSING,
     PREPROCESSING_MODES,
@@ -112,6 +113,10 @@ IMAGE_INPUTS = {
     "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     # Qwen2.5-VL ships Qwen2-VL's image processor.
     "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
+    # so does Qwen3-VL (patch_size 16, mean / std 0.5)
+    "Qwen3VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
+    "LlavaOnevisionForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
+    "LlavaNextForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
     "Gemma3ForConditionalGeneration": ImageInputs(_hf_gemma3, _gemma3_inputs, _gemma3_image_text),
 }
 

@@ -26,6 +26,7 @@ REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "LlavaForConditionalGeneration": (),
     "Qwen2VLForConditionalGeneration": _PIXELS,
     "Qwen2_5_VLForConditionalGeneration": _PIXELS,
+    "Qwen3VLForConditionalGeneration": _PIXELS,
     "Gemma3ForConditionalGeneration": ("do_pan_and_scan",),
 }
 MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used go first)

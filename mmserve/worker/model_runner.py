@@ -11,7 +11,7 @@ import torch
 from mmserve.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from mmserve.inputs import MultiModalItem
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache
-from mmserve.models.interface import VisionLanguageModel
+from mmserve.models.interface import DeepstackInputs, VisionLanguageModel
 from mmserve.sampling_params import SamplingParams, TokenLogprobs
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.grammar_mask import GrammarMask, new_matcher
@@ -57,6 +57,9 @@ class ModelRunner:
     Per step: forget ended requests, drop evicted embeddings, encode the scheduled images, then run
     every scheduled token of every request in one forward pass.
 
+    Image embeddings of the scheduled tokens are spliced into the input embeddings; a model with
+    DeepStack layers gets the rest of those rows (its DeepStack features) as ``DeepstackInputs``.
+
     Positions are token indices, except for models with ``uses_mrope``: their
     ``mrope_positions(num_tokens, mm_items)`` is computed once when the worker (re)sees a request
     and each chunk or decode step takes a slice of it (``MRopePositions.slice``).
@@ -79,11 +82,12 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = device
-        self.encoder = EncoderRunner(model)
+        self.encoder = EncoderRunner(model, device)
         self.states: dict[str, RequestState] = {}
         self._seeds = random.Random(seed)
         self._parked_generators: dict[str, torch.Generator] = {}
         self.uses_mrope = model.uses_mrope
+        self.deepstack = model.deepstack_layers > 0
         self.bidirectional_images = model.image_attention == "bidirectional"
         self.attention_backend = attention_backend
         self.eos_token_ids = eos_token_ids  # masked by min_tokens
@@ -135,7 +139,7 @@ class ModelRunner:
                 self._parked_generators[req_id] = state.generator
             if state is not None and state.matcher is not None:
                 self._parked_matchers[req_id] = state.matcher
-        self.encoder.drop(sched.freed_encoder_keys)
+        self.encoder.evict(sched.freed_encoder_keys)
         self.encoder.begin_step()
         undo = self._apply_request_changes(sched)
         try:
@@ -177,19 +181,33 @@ class ModelRunner:
 
     def _run(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         seconds, images = self.encoder.encoder_seconds, self.encoder.num_images_encoded
+        unloaded = self.encoder.load(
+            [
+                self.states[req_id].mm_items[idx]
+                for req_id, indices in sched.scheduled_encoder_loads.items()
+                for idx in indices
+            ]
+        )
         self.encoder.encode(
             [
                 self.states[req_id].mm_items[idx]
                 for req_id, indices in sched.scheduled_encoder_inputs.items()
                 for idx in indices
             ]
+            + unloaded
         )
         batch = self._build_batch(sched)
         with torch.inference_mode():
             embeds = self.model.embed(batch.token_ids)
+            deepstack = None
             if batch.mm_src:
-                embeds[batch.mm_dst] = torch.cat(batch.mm_src).to(embeds.dtype)
-            hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta)
+                rows = torch.cat(batch.mm_src).to(embeds.dtype)
+                if self.deepstack:  # wide rows: main embedding, then the DeepStack features
+                    width = embeds.shape[1]
+                    deepstack = DeepstackInputs(batch.mm_dst, rows[:, width:])
+                    rows = rows[:, :width]
+                embeds[batch.mm_dst] = rows
+            hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta, deepstack)
             logits = self.model.compute_logits(hidden[batch.sample_idx])
             states = [self.states[r] for r in batch.sample_req_ids]
             params = [s.params for s in states]

@@ -15,6 +15,7 @@ from .presets import (
 )
 from .qwen2_5_vl import Qwen2_5_VLPresetSpec
 from .qwen2_vl import Qwen2VLPresetSpec
+from .qwen3_vl import Qwen3VLPresetSpec
 from .tokenizer import (
     CHAT_TEMPLATE,
     QWEN_CHAT_TEMPLATE,
@@ -36,6 +37,7 @@ __all__ = [
     "QWEN_SPECIAL_TOKEN_IDS",
     "Qwen2VLPresetSpec",
     "Qwen2_5_VLPresetSpec",
+    "Qwen3VLPresetSpec",
     "build_model",
     "build_preset",
     "build_tokenizer",

@@ -6,6 +6,9 @@ config), derived from a preset's build by moving its template files; weights are
   ``processor_config.json``; none in the tokenizer files.
 - ``tiny-qwen2-vl-hub``: Qwen2-VL-Instruct: ``chat_template.json`` and the tokenizer config
   both carry the template (default system prompt, ``add_vision_id``).
+- ``tiny-qwen3-vl-hub``: Qwen3-VL-Instruct: the template (no default system prompt, image
+  and video parts) in ``chat_template.json`` and the tokenizer config, and the image processor
+  named as published (``Qwen2VLImageProcessorFast`` for ``Qwen3VLProcessor``).
 - ``tiny-llava-jinja``: a template that reads content as text, in ``chat_template.jinja``.
 - ``tiny-llava-no-template``: no chat template anywhere.
 - ``tiny-qwen2-vl-generation-config``: the preset plus sampling defaults in
@@ -54,6 +57,28 @@ QWEN2_VL_HUB_TEMPLATE = (
     "<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3-VL-Instruct's template, in its shape: no default system prompt, string or part content,
+# image and video parts, "Picture N: " labels when the caller passes add_vision_id.
+QWEN3_VL_HUB_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -112,6 +137,19 @@ def _qwen2_vl_hub(out: Path) -> None:
     )
 
 
+def _qwen3_vl_hub(out: Path) -> None:
+    _drop_templates(out)
+    _template_json(out, QWEN3_VL_HUB_TEMPLATE)
+    _edit_json(
+        out / "tokenizer_config.json", lambda d: d.update(chat_template=QWEN3_VL_HUB_TEMPLATE)
+    )
+    published = {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+    }
+    _edit_json(out / "preprocessor_config.json", lambda d: d.update(published))
+
+
 def _llava_jinja(out: Path) -> None:
     _drop_templates(out)
     (out / "chat_template.jinja").write_text(LLAVA_TEXT_TEMPLATE)
@@ -125,6 +163,7 @@ def _generation_config(out: Path) -> None:
 HUB_LAYOUTS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "tiny-llava-hub": ("tiny-llava", _llava_hub),
     "tiny-qwen2-vl-hub": ("tiny-qwen2-vl", _qwen2_vl_hub),
+    "tiny-qwen3-vl-hub": ("tiny-qwen3-vl", _qwen3_vl_hub),
     "tiny-llava-jinja": ("tiny-llava", _llava_jinja),
     "tiny-llava-no-template": ("tiny-llava", _drop_templates),
     "tiny-qwen2-vl-generation-config": ("tiny-qwen2-vl", _generation_config),

@@ -1,0 +1,235 @@
+"""Tiny random-weight LLaVA-OneVision presets: SigLIP tower + Qwen2 decoder, anyres images.
+
+The layout is that of ``llava-hf/llava-onevision-qwen2-*-ov-hf`` minus its video processor
+config (the video processor needs torchvision): ``config.json`` (``LlavaOnevisionConfig``),
+``generation_config.json``, ``model.safetensors``, the Qwen2 tokenizer files with ``<image>``
+and ``<video>`` added, the hub's chat template (images first, then text; parts only) in
+``chat_template.json`` and ``tokenizer_config.json``, ``preprocessor_config.json``
+(``LlavaOnevisionImageProcessor``) and ``processor_config.json`` (``LlavaOnevisionProcessor``:
+``num_image_tokens``, ``vision_aspect_ratio``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessorPil,
+    LlavaOnevisionProcessor,
+    PreTrainedTokenizerFast,
+)
+
+from .tokenizer import QWEN_SPECIAL_TOKENS, TokenizerFlavor
+
+# llava-hf/llava-onevision-qwen2-*-ov-hf's chat template, as published.
+ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
+    "{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>' }}{% endfor %}"
+    "{# Render all text next #}"
+    "{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ '\\n' + content['text'] }}{% endfor %}"
+    "{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\\n' + content['text'] }}{% endgeneration %}{% endfor %}"
+    "{% endif %}"
+    "{{'<|im_end|>'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+ONEVISION_SPECIAL_TOKENS = (*QWEN_SPECIAL_TOKENS, "<image>", "<video>")
+ONEVISION = TokenizerFlavor(
+    ONEVISION_SPECIAL_TOKENS, ONEVISION_CHAT_TEMPLATE, eos="<|im_end|>", pad="<|endoftext|>"
+)
+IDS = {tok: i for i, tok in enumerate(ONEVISION_SPECIAL_TOKENS)}
+
+
+@dataclass(frozen=True)
+class OnevisionPresetSpec:
+    """Architecture and anyres settings of one LLaVA-OneVision preset; pinpoints are
+    (height, width) multiples of ``image_size``."""
+
+    image_size: int
+    patch_size: int
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+    vision_intermediate: int
+    text_hidden: int
+    text_intermediate: int
+    text_layers: int
+    text_heads: int
+    text_kv_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+    grid_pinpoints: tuple[tuple[int, int], ...]
+    vision_aspect_ratio: str
+
+    flavor: ClassVar[TokenizerFlavor] = ONEVISION
+    model_class: ClassVar[type] = LlavaOnevisionForConditionalGeneration
+
+    @property
+    def patches_per_crop(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def make_config(self) -> LlavaOnevisionConfig:
+        vision = dict(
+            model_type="siglip_vision_model",
+            hidden_size=self.vision_hidden,
+            intermediate_size=self.vision_intermediate,
+            num_hidden_layers=self.vision_layers,
+            num_attention_heads=self.vision_heads,
+            image_size=self.image_size,
+            patch_size=self.patch_size,
+            num_channels=3,
+            hidden_act="gelu_pytorch_tanh",
+            layer_norm_eps=1e-6,
+            vision_use_head=False,
+        )
+        text = dict(
+            model_type="qwen2",
+            vocab_size=self.vocab_size,
+            hidden_size=self.text_hidden,
+            intermediate_size=self.text_intermediate,
+            num_hidden_layers=self.text_layers,
+            num_attention_heads=self.text_heads,
+            num_key_value_heads=self.text_kv_heads,
+            hidden_act="silu",
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=IDS["<|im_end|>"],
+            pad_token_id=IDS["<|endoftext|>"],
+        )
+        config = LlavaOnevisionConfig(
+            vision_config=vision,
+            text_config=text,
+            image_token_index=IDS["<image>"],
+            video_token_index=IDS["<video>"],
+            projector_hidden_act="gelu",
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+            image_grid_pinpoints=[list(p) for p in self.grid_pinpoints],
+            vision_aspect_ratio=self.vision_aspect_ratio,
+            tie_word_embeddings=False,
+        )
+        config.dtype = torch.float32
+        return config
+
+    def generation_ids(self) -> dict[str, Any]:
+        return {
+            "bos_token_id": None,
+            "eos_token_id": IDS["<|im_end|>"],
+            "pad_token_id": IDS["<|endoftext|>"],
+        }
+
+    def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+        """Tokenizer files, ``chat_template.json``, processor and preprocessor configs."""
+        image_processor = LlavaOnevisionImageProcessorPil(
+            size={"height": self.image_size, "width": self.image_size},
+            image_grid_pinpoints=[list(p) for p in self.grid_pinpoints],
+        )
+        tokenizer.chat_template = None
+        tokenizer.save_pretrained(out)
+        image_processor.save_pretrained(out)
+        # the hub's tokenizer config carries the template too (what tokenizer-only callers read)
+        config_file = out / "tokenizer_config.json"
+        tokenizer_config = json.loads(config_file.read_text())
+        tokenizer_config["chat_template"] = ONEVISION_CHAT_TEMPLATE
+        config_file.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+        processor_config = {
+            "image_token": "<image>",
+            "num_image_tokens": self.patches_per_crop,
+            "processor_class": "LlavaOnevisionProcessor",
+            "video_token": "<video>",
+            "vision_aspect_ratio": self.vision_aspect_ratio,
+            "vision_feature_select_strategy": "full",
+        }
+        (out / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
+        (out / "chat_template.json").write_text(
+            json.dumps({"chat_template": ONEVISION_CHAT_TEMPLATE}, indent=2) + "\n"
+        )
+
+
+def _pinpoints(crop: int, grids: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    return tuple((rows * crop, cols * crop) for rows, cols in grids)
+
+
+ONEVISION_PRESETS: dict[str, OnevisionPresetSpec] = {
+    # ~1M params, for CI. 32x32 crops of 4x4 patches (16 embeddings); grids up to 3x3, capped at
+    # 4 crops' worth ("anyres_max_4"), so 3x3 and 2x3 grids are shrunk: <= 88 embeddings.
+    "tiny-llava-onevision": OnevisionPresetSpec(
+        image_size=32,
+        patch_size=8,
+        vision_hidden=32,
+        vision_layers=2,
+        vision_heads=2,
+        vision_intermediate=64,
+        text_hidden=128,
+        text_intermediate=256,
+        text_layers=2,
+        text_heads=4,
+        text_kv_heads=2,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+        grid_pinpoints=_pinpoints(
+            32, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (2, 3), (3, 2), (3, 3))
+        ),
+        vision_aspect_ratio="anyres_max_4",
+    ),
+    # ~16M params, for benchmarks. 224x224 crops of 14x14 patches (196 embeddings), grids up to
+    # 2x2 / 1x3 / 3x1 and the released cap ("anyres_max_9"): a 720p image gives 660 embeddings.
+    "tiny-llava-onevision-small": OnevisionPresetSpec(
+        image_size=224,
+        patch_size=16,
+        vision_hidden=192,
+        vision_layers=4,
+        vision_heads=4,
+        vision_intermediate=768,
+        text_hidden=512,
+        text_intermediate=896,
+        text_layers=4,
+        text_heads=8,
+        text_kv_heads=4,
+        vocab_size=4096,
+        max_position_embeddings=8192,
+        grid_pinpoints=_pinpoints(224, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1))),
+        vision_aspect_ratio="anyres_max_9",
+    ),
+}
+
+
+class ImageOnlyOnevisionProcessor(LlavaOnevisionProcessor):
+    """``LlavaOnevisionProcessor`` without a video processor: its class needs torchvision, so
+    transformers' own loading fails beside a CPU-only torch."""
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+        if argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+def load_onevision_processor(path: Path) -> LlavaOnevisionProcessor:
+    """The checkpoint's processor (tokenizer, PIL image processor, ``processor_config.json``)."""
+    settings = json.loads((path / "processor_config.json").read_text())
+    settings.pop("processor_class", None)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return ImageOnlyOnevisionProcessor(
+        image_processor=LlavaOnevisionImageProcessorPil.from_pretrained(path),
+        tokenizer=tokenizer,
+        **settings,
+    )

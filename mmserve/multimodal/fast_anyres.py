@@ -1,0 +1,58 @@
+"""The LLaVA-NeXT / LLaVA-OneVision image processors' anyres tiling redone in uint8 (see
+``fast_image_processing``, which builds ``AnyresImageProcessing`` from a processor's settings).
+
+The processor resizes the image to fit the best pinpoint resolution (aspect kept), pads it
+with zeros (centered) to that resolution and cuts it into crops, row by row; the base crop is
+the whole image resized to one crop. Every later per-crop step (a resize to the crop's own
+size, a center crop to it) is the identity, so here the resized images are cut as uint8 and
+all crops rescaled and normalized in one pass: pixel values bit-identical in ``"exact"`` mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image
+from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
+from transformers.image_utils import ChannelDimension
+
+if TYPE_CHECKING:
+    from mmserve.multimodal.fast_image_processing import _Pixels
+
+
+@dataclass(frozen=True)
+class AnyresImageProcessing:
+    """Anyres tiling -> ((1 + rows * cols, 3, crop, crop) float32, (height, width)): what
+    ``multimodal.anyres.hf_anyres`` returns from the HF processor."""
+
+    pixels: _Pixels
+    crop: int
+    grid_pinpoints: tuple[tuple[int, int], ...]
+
+    def accepts(self, image: Image.Image) -> bool:
+        return self.pixels.accepts(image)
+
+    def __call__(
+        self, image: Image.Image, pixels: bytes | None = None
+    ) -> tuple[np.ndarray, tuple[int, int]]:
+        height, width, crop = image.height, image.width, self.crop
+        best_h, best_w = select_best_resolution((height, width), list(self.grid_pinpoints))
+        new_h, new_w = get_patch_output_size(
+            np.broadcast_to(np.uint8(0), (3, height, width)),  # a shape only
+            (best_h, best_w),
+            input_data_format=ChannelDimension.FIRST,
+        )
+        rows, cols = best_h // crop, best_w // crop
+        tiles = np.zeros((1 + rows * cols, crop, crop, 3), np.uint8)
+        tiles[0] = self.pixels.resize(image, pixels, crop, crop)
+        canvas = np.zeros((best_h, best_w, 3), np.uint8)
+        top, left = (best_h - new_h) // 2, (best_w - new_w) // 2
+        canvas[top : top + new_h, left : left + new_w] = self.pixels.resize(
+            image, pixels, new_h, new_w
+        )
+        grid = canvas.reshape(rows, crop, cols, crop, 3).transpose(0, 2, 1, 3, 4)
+        tiles[1:] = grid.reshape(rows * cols, crop, crop, 3)
+        values = self.pixels.rescale_normalize(tiles.transpose(0, 3, 1, 2), (1, 3, 1, 1))
+        return values, (height, width)

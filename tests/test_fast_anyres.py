@@ -1,0 +1,87 @@
+"""The anyres fast path (``multimodal/fast_anyres``) against the LLaVA-OneVision and LLaVA-NeXT
+PIL processors it replaces: bit-identical crops in "exact" mode for every grid, odd sizes and
+image modes, and the processor for settings it does not implement."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from mmserve.engine.loading import build_model_config, load_image_processor
+from mmserve.multimodal.anyres import hf_anyres
+from mmserve.multimodal.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.fast_image_processing import FAST_RESIZE_MAX_LEVELS, fast_image_processor
+from mmserve.multimodal.image_prep import ImagePreparer
+from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from tests.test_fast_preprocessing import MODES, image_in_mode, picture
+
+PRESETS = ["tiny-llava-onevision", "tiny-llava-next", "tiny-llava-onevision-small"]
+SIZES = [(96, 80), (64, 64), (120, 50), (30, 200), (1280, 720), (1, 1), (500, 3), (3, 500)]
+
+
+@pytest.fixture(scope="module", params=PRESETS)
+def processor(request):
+    return load_image_processor(build_model_config(request.param).path, {})
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_exact_crops_are_the_processors(processor, size):
+    fast = fast_image_processor(processor, "exact")
+    assert isinstance(fast, AnyresImageProcessing)
+    image = picture(7, size)
+    mine, mine_size = fast(image, image.tobytes())
+    theirs, their_size = hf_anyres(processor, image)
+    assert mine_size == their_size == (size[1], size[0])
+    assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+    assert np.array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exact_in_every_image_mode(processor, mode):
+    fast = fast_image_processor(processor, "exact")
+    image = image_in_mode(3, (90, 40), mode)
+    if not fast.accepts(image):
+        pytest.skip(f"{mode} goes to the processor")
+    assert np.array_equal(fast(image)[0], hf_anyres(processor, image)[0])
+
+
+def test_preparer_uses_the_fast_path_and_gives_the_processors_inputs():
+    config = build_model_config("tiny-llava-onevision")
+    processor = load_image_processor(config.path, {})
+    preparer = ImagePreparer(config, processor, MediaFetchPolicy(), preprocessing="exact")
+    hf = ImagePreparer(config, processor, MediaFetchPolicy(), preprocessing="hf")
+    assert preparer.fast is not None and hf.fast is None
+    image = picture(2, (120, 50))
+    mine, theirs = preparer.prepare(image), hf.prepare(image)
+    assert mine.mm_hash == theirs.mm_hash and mine.length == theirs.length
+    assert np.array_equal(mine.data["pixel_values"], theirs.data["pixel_values"])
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"do_resize": False},
+        {"size": {"height": 32, "width": 48}},
+        {"crop_size": {"height": 16, "width": 16}, "do_center_crop": True},
+    ],
+)
+def test_settings_it_does_not_implement_go_to_the_processor(edit):
+    processor = copy.deepcopy(
+        load_image_processor(build_model_config("tiny-llava-onevision").path, {})
+    )
+    for name, value in edit.items():
+        setattr(processor, name, value)
+    assert fast_image_processor(processor, "exact") is None
+
+
+def test_fast_mode_stays_within_the_stated_levels(processor):
+    fast = fast_image_processor(processor, "fast")
+    assert isinstance(fast, AnyresImageProcessing) and fast.pixels.resize_with_torch
+    bound = FAST_RESIZE_MAX_LEVELS * processor.rescale_factor / min(processor.image_std)
+    for size in SIZES:
+        image = picture(5, size)
+        mine, theirs = fast(image)[0], hf_anyres(processor, image)[0]
+        assert mine.shape == theirs.shape
+        assert np.abs(mine - theirs).max() <= bound + 1e-6, size
