@@ -27,6 +27,7 @@ REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "Qwen2VLForConditionalGeneration": _PIXELS,
     "Qwen2_5_VLForConditionalGeneration": _PIXELS,
     "Qwen3VLForConditionalGeneration": _PIXELS,
+    "Gemma3ForConditionalGeneration": ("do_pan_and_scan",),
 }
 MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used go first)
 
@@ -53,6 +54,8 @@ def check_request_kwargs(
             )
         if key in _PIXELS and (type(value) is not int or value < 1):
             raise ValueError(f"{FIELD}: {key} must be a positive integer, got {value!r}")
+        if key == "do_pan_and_scan" and type(value) is not bool:
+            raise ValueError(f"{FIELD}: {key} must be true or false, got {value!r}")
     merged = {**engine_kwargs, **kwargs}
     if all(key in merged for key in _PIXELS) and merged["min_pixels"] > merged["max_pixels"]:
         raise ValueError(
