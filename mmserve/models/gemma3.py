@@ -99,6 +99,10 @@ class Gemma3ForConditionalGeneration(nn.Module):
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
         return int(hf_config.mm_tokens_per_image)
 
+    @staticmethod
+    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        return 0  # no video input
+
     def load_weights(self, checkpoint_dir: Path) -> None:
         tied = {"lm_head.weight": "language_model.embed_tokens.weight"} if self._tied else {}
         load_safetensors(
