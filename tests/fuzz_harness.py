@@ -24,6 +24,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "tiny-qwen2-vl": {"max_model_len": 512, "processor_kwargs": QWEN_PIXELS},
     # DeepStack rows sliced at every chunk, prefix-hit and preemption boundary
     "tiny-qwen3-vl": {"max_model_len": 512, "processor_kwargs": QWEN3_PIXELS},
+    # images never split across chunks, bidirectional within an image, sliding window 8
+    "tiny-gemma3": {"max_model_len": 512, "processor_kwargs": None},
 }
 POISON = Image.new("RGB", (64, 64), (200, 30, 30))  # a flat image the fault injector rejects
 
@@ -51,6 +53,8 @@ def image_pool(model: str) -> list[Image.Image]:
 
 
 def placeholder(model: str) -> str:
+    if model == "tiny-gemma3":
+        return "<start_of_image>"
     return "<image>" if model == "tiny-llava" else "<|vision_start|><|image_pad|><|vision_end|>"
 
 

@@ -177,6 +177,8 @@ def test_chat_template(ckpt: Path) -> None:
 def test_param_counts() -> None:
     assert 500_000 <= count_parameters("tiny-llava") <= 2_000_000
     assert 13_000_000 <= count_parameters("tiny-llava-small") <= 17_000_000
+    assert 500_000 <= count_parameters("tiny-gemma3") <= 2_000_000
+    assert 13_000_000 <= count_parameters("tiny-gemma3-small") <= 17_000_000
 
 
 def test_unknown_names_raise() -> None:
@@ -237,5 +239,7 @@ def test_public_api() -> None:
         "tiny-llava-onevision-small",
         "tiny-llava-next",
         "tiny-llava-next-small",
+        "tiny-gemma3",
+        "tiny-gemma3-small",
     )
     assert set(tiny.__all__) >= {"PRESET_NAMES", "build_preset", "resolve_model_path"}

@@ -70,8 +70,10 @@ def plan_encoder_inputs(
             break
         if item.end <= start:
             continue  # already in the KV cache
-        if disable_chunked_mm_input and start <= item.offset and end < item.end:
-            plan.num_new_tokens = item.offset - start
+        if disable_chunked_mm_input and end < item.end:
+            # never end a chunk inside an item; a start inside it (a prefix hit ending there)
+            # waits for a step with room for the rest of the item
+            plan.num_new_tokens = max(item.offset - start, 0)
             break
         key = item.key
         if key in new_keys or cache.contains(key):

@@ -135,7 +135,11 @@ class LLMEngine:
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
         )
         backend = select_attention_backend(
-            config.attention_backend, self.device, torch_dtype(mc.dtype), self.model.head_dim
+            config.attention_backend,
+            self.device,
+            torch_dtype(mc.dtype),
+            self.model.head_dim,
+            self.model.attention_masks,
         )
         self.runner = ModelRunner(
             self.model,

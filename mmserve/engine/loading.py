@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -81,10 +82,15 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.generation_config,
         device=device,
     )
+    scheduler_config = args.scheduler_config()
+    _, model_cls = resolve_architecture(model_config.hf_config)
+    if model_cls.image_attention == "bidirectional":
+        # an image's tokens attend to each other: a chunk may never end inside one
+        scheduler_config = dataclasses.replace(scheduler_config, disable_chunked_mm_input=True)
     return EngineConfig(
         model_config,
         args.cache_config(),
-        args.scheduler_config(),
+        scheduler_config,
         args.seed,
         args.attention_backend,
         device,

@@ -188,10 +188,12 @@ def render_chat(
     template: ChatTemplate | None = None,
     options: ChatOptions | None = None,
 ) -> str:
-    """Parsed messages -> prompt text (``template`` default: the tokenizer's own)."""
+    """Parsed messages -> prompt text (``template`` default: the tokenizer's own). A leading
+    bos the template writes (Gemma 3's does) is left to the tokenizer when it adds one itself,
+    so the prompt has one bos, as transformers' ``apply_chat_template(tokenize=True)``."""
     template = template if template is not None else ChatTemplate.from_tokenizer(tokenizer)
     options = options or ChatOptions()
-    return template.render(
+    text = template.render(
         tokenizer,
         normalize_content(conv, template),
         add_generation_prompt=options.add_generation_prompt,
@@ -199,6 +201,15 @@ def render_chat(
         template_kwargs=options.chat_template_kwargs,
         tools=options.tools,
     )
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos) and _adds_bos(tokenizer):
+        text = text[len(bos) :]
+    return text
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    ids = tokenizer("")["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
 def chat_to_prompt(

@@ -11,6 +11,7 @@ import torch
 from mmserve.config import ATTENTION_BACKENDS
 from mmserve.kernels import kernel_head_dims, paged_attention_kernel, unavailable_reason
 from mmserve.layers.attention_flex import FlexAttentionPlan, flex_paged_attention
+from mmserve.layers.attention_masks import ImageRanges
 from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,9 @@ class AttentionMetadata:
     batch; they are its last positions, so with ``L = seq_lens[b]`` keys its row i sits at
     position ``L - q_len + i`` and attends keys ``0 .. L - q_len + i``. Keys live in the cache
     at ``block_tables[b][pos // block_size] * block_size + pos % block_size``.
+    ``image_ranges`` (models with bidirectional image attention only): per sequence, the
+    absolute ``[start, end)`` of each image overlapping its query rows; its queries also see
+    the later keys of their own image (the scheduler never splits an image across steps).
     """
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of each scheduled token
@@ -34,6 +38,7 @@ class AttentionMetadata:
     query_lens_host: list[int]
     seq_lens_host: list[int]
     use_kernel: bool
+    image_ranges: list[ImageRanges] | None = None
     use_flex: bool = False
     _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
     _flex_plan: FlexAttentionPlan | None = field(default=None, repr=False)
@@ -46,6 +51,7 @@ class AttentionMetadata:
                 self.query_lens_host,
                 self.seq_lens_host,
                 self.block_size,
+                self.image_ranges,
             )
         return self._torch_plan
 
@@ -92,10 +98,15 @@ class PagedKVCache:
 
 
 def select_attention_backend(
-    requested: str, device: torch.device, dtype: torch.dtype, head_dim: int
+    requested: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    attention_masks: str | None = None,
 ) -> Literal["cpu-kernel", "torch", "flex"]:
-    """``auto`` takes the CPU kernel where it applies (CPU, float32, a compiled head_dim);
-    asking for ``cpu-kernel`` where it does not is a ValueError naming the reason."""
+    """``auto`` takes the CPU kernel where it applies (CPU, float32, a compiled head_dim, a
+    causal-only model); asking for ``cpu-kernel`` where it does not is a ValueError naming the
+    reason. ``attention_masks``: the model's masks the causal kernel lacks (None: none)."""
     if requested not in ATTENTION_BACKENDS:
         raise ValueError(
             f"attention_backend {requested!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
@@ -103,9 +114,19 @@ def select_attention_backend(
     if requested == "torch":
         return "torch"
     if requested == "flex":
+        if attention_masks is not None:
+            raise ValueError(
+                "attention_backend 'flex' is not available: its block mask is causal only;"
+                f" the model needs {attention_masks}"
+            )
         return "flex"
     reason = ""
-    if device.type != "cpu":
+    if attention_masks is not None:
+        reason = f"the CPU kernel is causal only; the model needs {attention_masks}"
+        if requested == "auto":
+            logger.info("attention: the pure-torch path (%s)", reason)
+            return "torch"
+    elif device.type != "cpu":
         reason = f"the CPU kernel does not run on {device}"
     elif dtype != torch.float32:
         reason = f"the CPU kernel is float32 only, not {dtype}"
@@ -130,12 +151,16 @@ def paged_attention(
     v: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Write k/v of this step's tokens into the cache, then attend. q: [T, H, D] -> [T, H, D]."""
+    """Write k/v of this step's tokens into the cache, then attend. q: [T, H, D] -> [T, H, D].
+    ``sliding_window`` (and ``meta.image_ranges``) need the torch path, which
+    ``select_attention_backend`` picks for models declaring ``attention_masks``."""
     k_cache, v_cache = cache.keys[layer], cache.values[layer]
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     if meta.use_kernel:
+        assert sliding_window is None and meta.image_ranges is None
         kernel = paged_attention_kernel()
         assert kernel is not None
         heads_contiguous = q.stride(2) == 1 and q.stride(1) == q.shape[2]
@@ -150,5 +175,7 @@ def paged_attention(
             meta.block_size,
         )
     if meta.use_flex:
+        assert sliding_window is None and meta.image_ranges is None
         return flex_paged_attention(k_cache, v_cache, q, meta.flex_plan(k_cache.shape[0]), scale)
-    return torch_paged_attention(k_cache, v_cache, q, k, v, meta.torch_plan(), scale)
+    plan = meta.torch_plan()
+    return torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)

@@ -1,12 +1,16 @@
 """Pure-torch paged attention: gathers each sequence's keys and calls SDPA (the fallback where
-the CPU kernel does not apply, e.g. on CUDA, in half precision or without a compiled kernel)."""
+the CPU kernel does not apply, e.g. on CUDA, in half precision or without a compiled kernel),
+and the only path for models with explicit masks (``attention_masks``: sliding windows,
+bidirectional image attention)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from mmserve.layers.attention_masks import ImageRanges, decode_window_mask, prefill_mask
 
 
 @dataclass
@@ -17,25 +21,65 @@ class PrefillSegment:
     q_len: int
     key_slots: torch.Tensor  # [ctx_len] cache slots of positions 0..ctx_len-1
     causal_mask: torch.Tensor | None  # [q_len, ctx_len] bool, None when q_len == ctx_len
+    first_pos: int = 0  # position of query 0 (= ctx_len - q_len)
+    images: ImageRanges | None = None  # bidirectional image ranges (models that declare them)
 
 
 @dataclass
 class TorchAttentionPlan:
-    """Prefill segments (one SDPA call each) and the decodes (one padded, masked SDPA call)."""
+    """Prefill segments (one SDPA call each) and the decodes (one padded, masked SDPA call).
+
+    Masks for a sliding window or image ranges are built on first use per window size and
+    shared by every layer of that kind in the step; without them the plan is the causal one.
+    """
 
     prefills: list[PrefillSegment]
     decode_token_idx: torch.Tensor  # [D] flat row of each single-token (decode) sequence
     decode_key_slots: torch.Tensor  # [D, max_ctx] slots, padded with 0
     decode_mask: torch.Tensor  # [D, 1, 1, max_ctx] bool, True where the key is valid
+    decode_seq_lens: torch.Tensor | None = None  # [D] keys of each decode row
+    has_images: bool = False  # some prefill segment has bidirectional image ranges
+    _masks: dict[int | None, tuple[list[torch.Tensor | None], torch.Tensor]] = field(
+        default_factory=dict
+    )
+
+    def masks(self, window: int | None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
+        """(mask of each prefill segment, decode mask) for layers with this window."""
+        if window is None and not self.has_images:
+            return [seg.causal_mask for seg in self.prefills], self.decode_mask
+        if window not in self._masks:
+            device = self.decode_mask.device
+            prefill: list[torch.Tensor | None] = [
+                prefill_mask(
+                    seg.first_pos,
+                    seg.q_len,
+                    seg.key_slots.numel(),
+                    window,
+                    seg.images or [],
+                    device,
+                )
+                for seg in self.prefills
+            ]
+            decode = self.decode_mask
+            if window is not None and self.decode_seq_lens is not None:
+                decode = decode_window_mask(decode, self.decode_seq_lens, window)
+            self._masks[window] = (prefill, decode)
+        return self._masks[window]
 
     @classmethod
     def build(
-        cls, block_tables: torch.Tensor, query_lens: list[int], seq_lens: list[int], bs: int
+        cls,
+        block_tables: torch.Tensor,
+        query_lens: list[int],
+        seq_lens: list[int],
+        bs: int,
+        image_ranges: list[ImageRanges] | None = None,
     ) -> TorchAttentionPlan:
         device = block_tables.device
         prefills: list[PrefillSegment] = []
         decode_idx: list[int] = []
         decode_slots: list[torch.Tensor] = []
+        decode_lens: list[int] = []
         offset = 0
         for row, (n, total) in enumerate(zip(query_lens, seq_lens, strict=True)):
             pos = torch.arange(total, device=device)
@@ -44,12 +88,14 @@ class TorchAttentionPlan:
             if n == 1 and start > 0:
                 decode_idx.append(offset)
                 decode_slots.append(slots)
+                decode_lens.append(total)
             else:
                 mask = None
                 if start > 0:
                     q_pos = torch.arange(n, device=device)[:, None] + start
                     mask = q_pos >= pos[None, :]
-                prefills.append(PrefillSegment(offset, n, slots, mask))
+                images = image_ranges[row] if image_ranges is not None else None
+                prefills.append(PrefillSegment(offset, n, slots, mask, start, images))
             offset += n
         max_ctx = max((s.numel() for s in decode_slots), default=0)
         key_slots = torch.zeros(len(decode_slots), max_ctx, dtype=torch.long, device=device)
@@ -62,6 +108,8 @@ class TorchAttentionPlan:
             torch.tensor(decode_idx, dtype=torch.long, device=device),
             key_slots,
             valid[:, None, None, :],
+            torch.tensor(decode_lens, dtype=torch.long, device=device),
+            any(seg.images for seg in prefills),
         )
 
 
@@ -73,10 +121,12 @@ def torch_paged_attention(
     v: torch.Tensor,
     plan: TorchAttentionPlan,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attend after this step's k/v were written to the cache. q: [T, H, D] -> [T, H, D]."""
     out = torch.empty_like(q)
-    for seg in plan.prefills:
+    prefill_masks, decode_mask = plan.masks(sliding_window)
+    for seg, mask in zip(plan.prefills, prefill_masks, strict=True):
         rows = slice(seg.q_start, seg.q_start + seg.q_len)
         qs = q[rows].transpose(0, 1)  # [H, q, D]
         if seg.causal_mask is None:  # nothing computed before: the keys are this step's own
@@ -88,8 +138,8 @@ def torch_paged_attention(
             qs.unsqueeze(0),
             ks.unsqueeze(0),
             vs.unsqueeze(0),
-            attn_mask=seg.causal_mask,
-            is_causal=seg.causal_mask is None,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=scale,
             enable_gqa=True,
         )
@@ -101,7 +151,7 @@ def torch_paged_attention(
         kd = k_cache.index_select(0, flat).view(shape).transpose(1, 2)  # [D, KVH, ctx, Dh]
         vd = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=plan.decode_mask, scale=scale, enable_gqa=True
+            qd, kd, vd, attn_mask=decode_mask, scale=scale, enable_gqa=True
         )
         out[plan.decode_token_idx] = o.squeeze(2)
     return out

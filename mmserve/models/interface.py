@@ -47,6 +47,11 @@ class VisionLanguageModel(Protocol):
       k DeepStack features. The encoder cache holds (and budgets) the wide rows; the runner
       splices the first ``hidden_size`` columns into the input embeddings and passes the rest,
       with their flat rows, as ``DeepstackInputs`` to ``__call__``. Models with k = 0 get None.
+    - ``image_attention``: ``"causal"``, or ``"bidirectional"`` (Gemma 3: an image's tokens
+      see each other; the engine then never splits an image across prefill chunks and passes
+      the image ranges to attention).
+    - ``attention_masks``: None, or what the model's attention needs beyond a causal mask
+      (sliding windows, image ranges): such a model runs the torch path.
     """
 
     num_layers: int
@@ -57,6 +62,9 @@ class VisionLanguageModel(Protocol):
 
     @staticmethod
     def embedding_width(hf_config: Any) -> int: ...
+
+    image_attention: str
+    attention_masks: str | None
 
     @staticmethod
     def max_tokens_per_image(

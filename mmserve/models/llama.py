@@ -142,6 +142,8 @@ class LlamaLMHeadMixin:
     lm_head: nn.Linear
     uses_mrope = False
     deepstack_layers = 0
+    image_attention = "causal"
+    attention_masks: str | None = None
     num_layers: int
     num_kv_heads: int
     head_dim: int

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmserve.models.gemma3 import Gemma3ForConditionalGeneration
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.llava_next import LlavaNextForConditionalGeneration
@@ -19,6 +20,7 @@ MODEL_REGISTRY: dict[str, type[VisionLanguageModel]] = {
     "Qwen3VLForConditionalGeneration": Qwen3VLForConditionalGeneration,
     "LlavaOnevisionForConditionalGeneration": LlavaOnevisionForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
 }
 
 

@@ -53,14 +53,59 @@ def _qwen2_vl_inputs(processed: Any, image_processor: Any, model_config: ModelCo
     return {"pixel_values": patches, "image_grid_thw": grid}, length
 
 
+def _hf_gemma3(image_processor: Any, image: Image.Image) -> Any:
+    """[1 + crops, 3, H, W]: the image, then its pan-and-scan crops (none unless enabled).
+    Settings the checkpoint leaves null take ``Gemma3Processor``'s defaults, as there."""
+    from transformers import Gemma3Processor
+
+    defaults = getattr(Gemma3Processor, "images_kwargs", {})
+    kwargs = {k: v for k, v in defaults.items() if getattr(image_processor, k, None) is None}
+    return image_processor(images=image, return_tensors="np", **kwargs)["pixel_values"]
+
+
+def _gemma3_inputs(pixel_values: Any, image_processor: Any, model_config: ModelConfig) -> Any:
+    """[3, H, W] without crops (as LLaVA's), else [1 + crops, 3, H, W]."""
+    data = pixel_values[0] if len(pixel_values) == 1 else pixel_values
+    return data, len(pixel_values) * model_config.max_tokens_per_image
+
+
+def _gemma3_image_text(tokenizer: Any, model_config: ModelConfig) -> ImageText:
+    """``Gemma3Processor``'s expansion of ``<start_of_image>``, pan-and-scan crops included."""
+    tokens = tokenizer.image_token * model_config.hf_config.mm_tokens_per_image
+    full = f"\n\n{tokenizer.boi_token}{tokens}{tokenizer.eoi_token}\n\n"
+
+    def text(groups: int) -> str:
+        if groups == 1:
+            return full
+        crops = " ".join([full] * (groups - 1))
+        return (
+            f"Here is the original image {full} and here are some crops to help you see"
+            f" better {crops}"
+        )
+
+    return ImageText(tokenizer.boi_token, text)
+
+
+@dataclass(frozen=True)
+class ImageText:
+    """A family whose processor expands the image marker in the prompt *text* (Gemma 3):
+    ``text(groups)`` replaces ``marker`` for an image of ``groups`` embedding groups (the image
+    and its crops: a 4-D data array has one row per group, any other data is one group), each
+    written as one run of ``image_token_id`` placeholders."""
+
+    marker: str
+    text: Callable[[int], str]
+
+
 @dataclass(frozen=True)
 class ImageInputs:
     """One architecture's glue: ``hf`` runs the HF processor on one image and returns what the
     fast path returns (``fast_image_processing``); ``inputs`` turns that into the model's image
-    data and its embedding count."""
+    data and its embedding count. ``image_text`` (Gemma 3): see ``ImageText``."""
 
     hf: Callable[[Any, Image.Image], Any]
     inputs: Callable[[Any, Any, ModelConfig], tuple[Any, int]]
+    image_text: Callable[[Any, ModelConfig], ImageText] | None = None
 
 
 IMAGE_INPUTS = {
@@ -72,6 +117,7 @@ IMAGE_INPUTS = {
     "Qwen3VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     "LlavaOnevisionForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
     "LlavaNextForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
+    "Gemma3ForConditionalGeneration": ImageInputs(_hf_gemma3, _gemma3_inputs, _gemma3_image_text),
 }
 
 

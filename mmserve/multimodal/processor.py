@@ -61,6 +61,10 @@ class InputProcessor:
         )
         self.video_loader = VideoLoader(media_policy, sampling)
         self.video_memo = VideoMemo()
+        glue = self.preparer.image_inputs
+        self.image_text = (
+            glue.image_text(tokenizer, model_config) if glue and glue.image_text else None
+        )
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -90,6 +94,9 @@ class InputProcessor:
         ``mm_kwargs``, e.g. run in another thread) or sources; ``videos`` ``PreparedVideo``s
         (``prepare_video``) or decoded videos."""
         merged = self.check_mm_kwargs(mm_kwargs)
+        self.videos.check_count(len(videos))  # a ValueError for models without video input
+        if self.image_text is not None:
+            return self._process_image_text(prompt, images, uuids, cache_salt, mm_kwargs, merged)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
@@ -133,6 +140,81 @@ class InputProcessor:
         """Check, hash and preprocess one decoded video with the prompt's processor settings
         (memoized per tenant). Thread-safe."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
+
+    def _process_image_text(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any],
+        uuids: Sequence[str | None] | None,
+        cache_salt: str | None,
+        mm_kwargs: dict[str, Any] | None,
+        merged: dict[str, Any] | None,
+    ) -> ProcessedPrompt:
+        """Families whose processor expands the image marker in the text (``ImageText``):
+        each image's text goes in before tokenizing (a token-id prompt must hold it already),
+        and each run of image tokens becomes one item: the image, then each pan-and-scan crop
+        (keyed ``<image key>#<crop>``), in the processor's order."""
+        assert self.image_text is not None
+        self.check_num_images(len(images))
+        if uuids is not None and len(uuids) != len(images):
+            raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
+        if isinstance(prompt, str) and prompt.count(self.image_text.marker) != len(images):
+            raise ValueError(
+                f"prompt has {prompt.count(self.image_text.marker)} image placeholder(s) but"
+                f" {len(images)} image(s) were given"
+            )
+        prepared = [
+            s if isinstance(s, PreparedImage) else self.prepare_image(s, cache_salt, mm_kwargs)
+            for s in images
+        ]
+        groups = [_groups(p.data) for p in prepared]
+        texts = [self.image_text.text(n) for n in groups]
+        if isinstance(prompt, str):
+            parts = prompt.split(self.image_text.marker)
+            prompt = parts[0] + "".join(t + part for t, part in zip(texts, parts[1:], strict=True))
+        ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("prompt is empty")
+        image_token = self.model_config.image_token_id
+        if not isinstance(prompt, str):
+            ids = self._expand_marker_tokens(ids, texts)
+        edges = np.diff(np.concatenate(([0], ids == image_token, [0])))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        if len(starts) != sum(groups):
+            raise ValueError(
+                f"prompt has {len(starts)} runs of image tokens, its {len(images)} image(s)"
+                f" need {sum(groups)}"
+            )
+        items: list[MultiModalItem] = []
+        for i, (image, n) in enumerate(zip(prepared, groups, strict=True)):
+            key = self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
+            rows = [image.data] if n == 1 else list(image.data)  # one group: the memo's object
+            for crop, data in enumerate(rows):
+                start, end = int(starts[len(items)]), int(ends[len(items)])
+                if end - start != image.length // n:
+                    raise ValueError(f"image {i} needs runs of {image.length // n} image tokens")
+                crop_key = key if n == 1 else f"{key}#{crop}"
+                items.append(MultiModalItem(crop_key, start, image.length // n, data))
+        return ProcessedPrompt(ids.tolist(), items)
+
+    def _expand_marker_tokens(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
+        """A token-id prompt: each marker token not followed by image tokens (not expanded
+        yet) becomes its image's tokenized text, as vLLM does for token prompts."""
+        assert self.image_text is not None
+        marker = self.tokenizer.convert_tokens_to_ids(self.image_text.marker)
+        following = np.append(ids[1:], -1)
+        bare = np.flatnonzero((ids == marker) & (following != self.model_config.image_token_id))
+        if not len(bare):
+            return ids
+        if len(bare) != len(texts):
+            raise ValueError(
+                f"prompt has {len(bare)} image placeholder(s) but {len(texts)} image(s) were given"
+            )
+        pieces = np.split(ids, bare)
+        for i, text in enumerate(texts):
+            encoded = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            pieces[i + 1] = np.concatenate((np.asarray(encoded, dtype=np.int64), pieces[i + 1][1:]))
+        return np.concatenate(pieces)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
@@ -221,6 +303,11 @@ def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.nda
             f"prompt has {len(places)} {kind} placeholder(s) but {count} {kind}(s) were given"
         )
     return places
+
+
+def _groups(data: Any) -> int:
+    """Embedding groups of an ``ImageText`` family's image data (see ``ImageText``)."""
+    return len(data) if getattr(data, "ndim", 0) == 4 else 1
 
 
 def memo_key(

@@ -29,6 +29,7 @@ REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "Qwen2VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Qwen2_5_VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Qwen3VLForConditionalGeneration": _PIXELS,
+    "Gemma3ForConditionalGeneration": ("do_pan_and_scan",),
 }
 MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used go first)
 
@@ -60,6 +61,8 @@ def check_request_kwargs(
             )
         if key in _PIXELS and (type(value) is not int or value < 1):
             raise ValueError(f"{FIELD}: {key} must be a positive integer, got {value!r}")
+        if key == "do_pan_and_scan" and type(value) is not bool:
+            raise ValueError(f"{FIELD}: {key} must be true or false, got {value!r}")
     if kwargs.get("fps") is not None and kwargs.get("num_frames") is not None:
         raise ValueError(f"{FIELD}: fps and num_frames exclude each other")
     merged = {**engine_kwargs, **kwargs}

@@ -88,6 +88,7 @@ class ModelRunner:
         self._parked_generators: dict[str, torch.Generator] = {}
         self.uses_mrope = model.uses_mrope
         self.deepstack = model.deepstack_layers > 0
+        self.bidirectional_images = model.image_attention == "bidirectional"
         self.attention_backend = attention_backend
         self.eos_token_ids = eos_token_ids  # masked by min_tokens
         self.grammar = GrammarMask()
@@ -266,6 +267,8 @@ class ModelRunner:
         ids: list[int] = []
         mrope_positions, tables, query_lens, seq_lens = [], [], [], []
         mm_dst, mm_src = [], []
+        # bidirectional-image models only: the image ranges each sequence's queries overlap
+        image_ranges: list[list[tuple[int, int]]] | None = [] if self.bidirectional_images else None
         sample_idx, sample_req_ids = [], []
         prompt_rows: list[tuple[str, int, int, int]] = []
         offset = 0
@@ -278,11 +281,15 @@ class ModelRunner:
             tables.append(state.block_table)
             query_lens.append(n)
             seq_lens.append(end)
+            ranges: list[tuple[int, int]] = []
             for item in state.mm_items:
                 lo, hi = max(start, item.offset), min(end, item.end)
                 if lo < hi:
                     mm_dst.append(torch.arange(lo, hi) - start + offset)
                     mm_src.append(self.encoder.get_slice(item, lo, hi))
+                    ranges.append((item.offset, item.end))
+            if image_ranges is not None:
+                image_ranges.append(ranges)
             if state.params.prompt_logprobs is not None:
                 last = min(end, state.num_prompt_tokens - 1)
                 if last > start:
@@ -310,6 +317,7 @@ class ModelRunner:
             seq_lens_host=seq_lens,
             use_kernel=self.attention_backend == "cpu-kernel",
             use_flex=self.attention_backend == "flex",
+            image_ranges=image_ranges,
         )
         positions = torch.cat(mrope_positions, dim=-1) if self.uses_mrope else pos
         return FlatBatch(

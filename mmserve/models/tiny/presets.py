@@ -32,6 +32,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .gemma3 import GEMMA3_PRESETS, Gemma3PresetSpec
 from .llava_next import LLAVA_NEXT_PRESETS, LlavaNextPresetSpec
 from .llava_onevision import ONEVISION_PRESETS, OnevisionPresetSpec
 from .qwen2_5_vl import QWEN2_5_VL_PRESETS
@@ -113,7 +114,9 @@ class PresetSpec:
         image_processor.save_pretrained(out)  # preprocessor_config.json
 
 
-AnySpec = PresetSpec | Qwen2VLPresetSpec | OnevisionPresetSpec | LlavaNextPresetSpec
+AnySpec = (
+    PresetSpec | Qwen2VLPresetSpec | OnevisionPresetSpec | LlavaNextPresetSpec | Gemma3PresetSpec
+)
 
 PRESETS: dict[str, AnySpec] = {
     # ~0.87M params, for CI. 64x64 images, 4x4 patches -> 256 image tokens.
@@ -153,6 +156,7 @@ PRESETS: dict[str, AnySpec] = {
     **QWEN3_VL_PRESETS,
     **ONEVISION_PRESETS,
     **LLAVA_NEXT_PRESETS,
+    **GEMMA3_PRESETS,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
