@@ -1,0 +1,200 @@
+"""mmserve on a real local Ray Serve: two engine replicas of the tiny model behind the OpenAI
+ingress (127.0.0.1, bounded CPUs), compared with a single in-thread server.
+
+Skipped when Ray is not installed (``pip install mmserve[ray]``); CI installs the extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray Serve tests need the mmserve[ray] extra")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
+
+from mmserve.bench.servers import free_port  # noqa: E402
+from mmserve.entrypoints.openai.server import RunningServer  # noqa: E402
+from mmserve.entrypoints.ray.app import build_app, namespace_from_config  # noqa: E402
+from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTOR  # noqa: E402
+from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
+from tests.conftest import make_image  # noqa: E402
+from tests.openai_server import serve_model  # noqa: E402
+
+MODEL = "tiny-llava"
+REPLICAS = 2
+SETTINGS = {"model": MODEL, "replicas": REPLICAS, "max_num_seqs": 8, "media_workers": 0}
+
+
+def data_url(seed: int) -> str:
+    buf = io.BytesIO()
+    make_image(seed, (40, 30)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def user_turn(seeds: list[int], text: str) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": data_url(s)}} for s in seeds
+    ]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Ray (3 CPUs, 127.0.0.1, no dashboard), Serve's proxy on a free port, the app deployed."""
+    ray.init(num_cpus=REPLICAS + 1, include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(namespace_from_config(SETTINGS)), name="mmserve", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single() -> Iterator[RunningServer]:
+    yield from serve_model(MODEL, "--max-num-seqs", "8", "--media-workers", "0")
+
+
+def chat(base: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 5, "temperature": 0, **extra}
+    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cluster_stats(base: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/cluster", timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def encodes(base: str) -> int:
+    return int(cluster_stats(base)["total"]["encoder_images_encoded"])
+
+
+def run_conversations(base: str) -> list[str]:
+    """4 chats x 3 turns, each turn adding an image; chat 3 opens with chat 0's first image
+    and other text. Turns go in rounds, one request at a time. 9 distinct images."""
+    firsts = {0: [0], 1: [10], 2: [20], 3: [0]}
+    chats: dict[int, list[dict[str, Any]]] = {c: [] for c in firsts}
+    texts = []
+    for turn in range(3):
+        for c, history in chats.items():
+            seeds = firsts[c] if turn == 0 else [10 * c + turn + (100 if c == 3 else 0)]
+            history.append(user_turn(seeds, f"chat {c} turn {turn}: what changed?"))
+            answer = chat(base, history)["choices"][0]["message"]["content"]
+            history.append({"role": "assistant", "content": answer})
+            texts.append(answer)
+    return texts
+
+
+DISTINCT_IMAGES = 3 + 3 + 3 + 2  # chat 3 reuses chat 0's first image
+
+
+def test_one_encode_per_distinct_image_and_same_outputs_as_one_server(
+    cluster: str, single: RunningServer
+) -> None:
+    before = encodes(cluster)
+    texts = run_conversations(cluster)
+    stats = cluster_stats(cluster)
+    assert encodes(cluster) - before == DISTINCT_IMAGES
+    assert set(stats["replicas"]) == set(stats["routing"]["replicas"])
+    assert len(stats["replicas"]) == REPLICAS
+    assert stats["routing"]["decisions"].get("spill", 0) == 0  # one at a time: never over cap
+    assert texts == run_conversations(single.url)
+
+
+def test_streaming_and_cached_tokens_like_one_server(cluster: str, single: RunningServer) -> None:
+    messages = [user_turn([7], "Describe the picture in detail.")]
+    chat(cluster, messages)  # warm: the second one finds its prefix on the same replica
+    full = chat(cluster, messages)
+    assert full["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    streamed, usage = "", None
+    with httpx.stream("POST", f"{cluster}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    import json
+
+    for line in lines[:-1]:
+        event = json.loads(line.removeprefix("data: "))
+        for choice in event["choices"]:
+            streamed += choice["delta"].get("content") or ""
+        usage = event.get("usage") or usage
+    assert streamed == full["choices"][0]["message"]["content"]
+    assert usage is not None and usage["prompt_tokens_details"]["cached_tokens"] > 0
+    assert streamed == chat(single.url, messages)["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+        {
+            "model": MODEL,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                    ],
+                }
+            ],
+        },
+    ],
+    ids=["unknown-model", "bad-max-tokens", "bad-image"],
+)
+def test_errors_like_one_server(cluster: str, single: RunningServer, body: dict[str, Any]) -> None:
+    mine = httpx.post(f"{cluster}/v1/chat/completions", json=body, timeout=60)
+    theirs = httpx.post(f"{single.url}/v1/chat/completions", json=body, timeout=60)
+    assert (mine.status_code, mine.json()) == (theirs.status_code, theirs.json())
+    assert mine.status_code in (400, 404)
+
+
+BURST = 10
+
+
+def test_concurrent_requests_for_one_image_spill_within_the_bound(cluster: str) -> None:
+    messages = [user_turn([55], "Count the shapes.")]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 96, "temperature": 0}
+    body["ignore_eos"] = True
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            calls = [client.post(f"{cluster}/v1/chat/completions", json=body) for _ in range(BURST)]
+            return [r.status_code for r in await asyncio.gather(*calls)]
+
+    before = cluster_stats(cluster)["routing"]
+    assert asyncio.run(burst()) == [200] * BURST
+    after = cluster_stats(cluster)["routing"]
+    spills = after["decisions"].get("spill", 0) - before["decisions"].get("spill", 0)
+    assert spills > 0, after  # all prefer one replica; the bound sends some to the other
+    assert after["over_cap"] == 0
+    # no replica ever held more than the cap of the whole burst in flight (stats calls: +1)
+    assert max(after["peak_in_flight"].values()) <= load_cap(BURST + 1, REPLICAS, LOAD_FACTOR)
+    assert sum(after["in_flight"].values()) <= REPLICAS  # only the stats calls' own, if any
+
+
+def test_health_models_and_metrics(cluster: str) -> None:
+    assert httpx.get(f"{cluster}/health", timeout=30).json() == {"status": "ok"}
+    models = httpx.get(f"{cluster}/v1/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    text = httpx.get(f"{cluster}/metrics", timeout=30).text
+    assert "mmserve_encoder_images_encoded" in text
