@@ -19,6 +19,7 @@ WORKLOADS: dict[str, str] = {
     "all": "every README benchmark in one run (interleaved rounds), then its tables",
     "floor": "FLOPs per reuse request (counted) / fp32 GEMM rate (measured): the FLOP floor",
     "envs": "one workload under allocator / OpenMP variants (fresh process per run, interleaved)",
+    "replicas": "N replicas on a local Ray Serve: image-affinity vs power-of-two routing",
 }
 
 
