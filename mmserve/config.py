@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 GiB = 1 << 30
 DEFAULT_IMAGE_LIMIT = 16
@@ -16,6 +17,7 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch", "flex")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 DEVICE_SYNTAX = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
@@ -127,6 +129,45 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class EncoderStoreConfig:
+    """The encoder store's tiers below the encoder cache (see ``mmserve.store``)."""
+
+    ram_bytes: int  # L1 host RAM; 0: no L1
+    disk_dir: str | None  # L2; None: no L2
+    disk_bytes: int
+    redis_url: str | None  # L3; None: no L3
+    secret: str | None = field(repr=False)  # MAC secret; None: $MMSERVE_ENCODER_STORE_SECRET
+    ttl_s: int = 86400
+    timeout_ms: float = 50.0
+    write_queue: int = 64
+
+    def __post_init__(self) -> None:
+        """ValueError naming the ``encoder_store_*`` setting that is out of range."""
+        checks = (
+            ("encoder_store_ram", self.ram_bytes, 0),
+            ("encoder_store_disk_bytes", self.disk_bytes, 1),
+            ("encoder_store_ttl", self.ttl_s, 1),
+            ("encoder_store_write_queue", self.write_queue, 1),
+        )
+        for name, value, least in checks:
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not self.timeout_ms > 0:
+            raise ValueError(f"encoder_store_timeout_ms must be > 0, got {self.timeout_ms!r}")
+        if self.disk_dir == "":
+            raise ValueError("encoder_store_dir must be a directory path, got ''")
+        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                "encoder_store_redis must be a redis://, rediss:// or unix:// URL,"
+                f" got {self.redis_url!r}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ram_bytes or self.disk_dir or self.redis_url)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig
@@ -135,3 +176,4 @@ class EngineConfig:
     attention_backend: str = "auto"
     device: str = "cpu"  # resolved: cpu or cuda:N
     gpu_memory_utilization: float = 0.9  # CUDA only: the fraction of device memory to use
+    encoder_store: EncoderStoreConfig | None = None  # None: no store (today's path)

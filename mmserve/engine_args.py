@@ -25,6 +25,7 @@ from mmserve.arg_types import (
 from mmserve.config import (
     ATTENTION_BACKENDS,
     CacheConfig,
+    EncoderStoreConfig,
     GiB,
     SchedulerConfig,
     check_device_syntax,
@@ -45,11 +46,12 @@ def _scalar_type(annotation: str) -> type:
     return float if "float" in annotation else int if "int" in annotation else str
 
 
-def _arg(default: Any, help_text: str, **cli: Any) -> Any:
-    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``)."""
+def _arg(default: Any, help_text: str, secret: bool = False, **cli: Any) -> Any:
+    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``);
+    ``secret``: left out of the repr (and so of logs)."""
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata={"help": help_text, **cli})
-    return field(default=default, metadata={"help": help_text, **cli})
+    return field(default=default, repr=not secret, metadata={"help": help_text, **cli})
 
 
 def _env_arg(env: str, default: str, help_text: str, **cli: Any) -> Any:
@@ -139,6 +141,35 @@ class EngineArgs:
         " (video and audio: 0 only)", type=parse_mm_limits,
     )  # fmt: skip
     stall_steps: int | None = _arg(None, "steps without progress before a request fails")
+    encoder_store_dir: str | None = _arg(
+        None, "encoder store L2: a local directory keeping encoder outputs across restarts"
+    )
+    encoder_store_redis: str | None = _arg(
+        None, "encoder store L3: redis://host:port/db shared by replicas (needs a secret)",
+        metavar="URL",
+    )  # fmt: skip
+    encoder_store_secret: str | None = _arg(
+        None, "encoder store MAC secret, the same on every replica sharing L3 (default:"
+        " $MMSERVE_ENCODER_STORE_SECRET; for L2 alone a random one kept in the directory)",
+        secret=True,
+    )  # fmt: skip
+    encoder_store_ram: int | None = _arg(
+        None, "encoder store L1 host RAM for evicted encoder outputs, e.g. 2GiB (default: 1 GiB"
+        " when a disk or Redis tier is set, else off; 0: off)", type=parse_bytes,
+    )  # fmt: skip
+    encoder_store_disk_bytes: int = _arg(
+        16 * GiB, "encoder store L2 byte cap (least recently used files go first)",
+        type=parse_bytes,
+    )  # fmt: skip
+    encoder_store_ttl: int = _arg(
+        86400, "encoder store L3 entry lifetime in seconds (refreshed on read)"
+    )
+    encoder_store_timeout_ms: float = _arg(
+        50.0, "how long admission waits for a request's store lookups before encoding instead"
+    )
+    encoder_store_write_queue: int = _arg(
+        64, "encoder store write-behind queue length (full: writes are dropped and counted)"
+    )
     tensor_parallel_size: int = _arg(
         1, "vLLM compatibility: mmserve runs a model on one device, so only 1 is accepted",
         aliases=("-tp",),
@@ -249,6 +280,23 @@ class EngineArgs:
             encoder_cache_memory=self.encoder_cache_memory,
             enable_encoder_cache=self.enable_encoder_cache,
         )
+
+    def encoder_store_config(self) -> EncoderStoreConfig | None:
+        """None when no tier is set: the engine runs without a store (today's path)."""
+        ram = self.encoder_store_ram
+        if ram is None:
+            ram = 1 * GiB if (self.encoder_store_dir or self.encoder_store_redis) else 0
+        config = EncoderStoreConfig(
+            ram_bytes=ram,
+            disk_dir=self.encoder_store_dir,
+            disk_bytes=self.encoder_store_disk_bytes,
+            redis_url=self.encoder_store_redis,
+            secret=self.encoder_store_secret,
+            ttl_s=self.encoder_store_ttl,
+            timeout_ms=self.encoder_store_timeout_ms,
+            write_queue=self.encoder_store_write_queue,
+        )
+        return config if config.enabled else None
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

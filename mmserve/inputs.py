@@ -14,6 +14,8 @@ class MultiModalItem:
     offset: int
     length: int
     data: Any = None  # processor output (e.g. pixel_values array) the encoder consumes
+    # the embedding the encoder store returned (a host tensor): loaded instead of encoded
+    stored: Any = field(default=None, compare=False, repr=False)
 
     @property
     def end(self) -> int:
@@ -33,6 +35,7 @@ class ProcessedPrompt:
 
     prompt_token_ids: list[int]
     mm_items: list[MultiModalItem]
+    store_lookup: Any = None  # the encoder store's pending lookups (a StoreLookup), if any
 
 
 @dataclass(frozen=True)

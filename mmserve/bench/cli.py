@@ -19,6 +19,7 @@ WORKLOADS: dict[str, str] = {
     "all": "every README benchmark in one run (interleaved rounds), then its tables",
     "floor": "FLOPs per reuse request (counted) / fp32 GEMM rate (measured): the FLOP floor",
     "envs": "one workload under allocator / OpenMP variants (fresh process per run, interleaved)",
+    "store": "encoder store: per-tier lookup cost; re-encodes + TTFT after a restart / replica",
     "replicas": "N replicas on a local Ray Serve: image-affinity vs power-of-two routing",
 }
 
@@ -33,7 +34,8 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     """Add ``bench`` with one sub-command per workload to an ``add_subparsers()`` object."""
     bench = sub.add_parser(
         "bench",
-        help="reproducible benchmarks (multiturn, reuse, probe, serve, latency, floor, all, envs)",
+        help="reproducible benchmarks (multiturn, reuse, probe, serve, latency, floor, all, envs,"
+        " store)",
         description="Run a benchmark workload; `mmserve bench <workload> --help` lists its "
         "options. Each prints a markdown table and writes JSON + PNG under --out. Engines run "
         "in interleaved rounds (--rounds), tables show medians with min-max, and the "

@@ -18,6 +18,10 @@ from mmserve.request import Request
 class EncoderPlan:
     """What one request's chunk needs from the encoder: nothing is reserved until committed.
 
+    An item missing from the cache whose embedding the encoder store returned at admission
+    (``MultiModalItem.stored``) is a *load*: it takes cache space like an encode but none of
+    the per-step encoder compute budget.
+
     ``blocked_on_space`` says the chunk was cut because the cache had no room (not because of
     the per-step compute budget): the scheduler then lets no later request of the step take
     cache space, so the space freed by finishing occurrences goes to the earlier request.
@@ -26,7 +30,9 @@ class EncoderPlan:
     num_new_tokens: int
     to_encode: list[int] = field(default_factory=list)  # item indices (cache misses)
     to_reference: list[int] = field(default_factory=list)  # item indices found in the cache
+    to_load: list[int] = field(default_factory=list)  # misses the encoder store returned
     num_embeddings_to_encode: int = 0
+    num_embeddings_to_load: int = 0
     blocked_on_space: bool = False
 
 
@@ -35,7 +41,7 @@ class EncoderCommit:
     """The references a committed plan took, so a failed step can give them back."""
 
     referenced: list[str] = field(default_factory=list)  # keys whose reference is new
-    allocated: list[str] = field(default_factory=list)  # keys allocated (to be encoded)
+    allocated: list[str] = field(default_factory=list)  # keys allocated (to encode or load)
     hits: int = 0
     embeddings_saved: int = 0
 
@@ -71,9 +77,8 @@ def plan_encoder_inputs(
         if key in new_keys or cache.contains(key):
             if key in cache.unreferenced and key not in pinned:
                 # pinning it must not take the space the encodes planned so far rely on
-                fits = cache.can_allocate(
-                    plan.num_embeddings_to_encode + sum(pinned.values()) + item.length
-                )
+                new_space = plan.num_embeddings_to_encode + plan.num_embeddings_to_load
+                fits = cache.can_allocate(new_space + sum(pinned.values()) + item.length)
                 if not (fits and may_take_space):
                     plan.num_new_tokens = max(item.offset - start, 0)
                     plan.blocked_on_space = True
@@ -81,16 +86,21 @@ def plan_encoder_inputs(
                 pinned[key] = item.length
             plan.to_reference.append(idx)
             continue
+        space = plan.num_embeddings_to_encode + plan.num_embeddings_to_load + item.length
         needed = plan.num_embeddings_to_encode + item.length
-        if needed > budget_left:
+        if item.stored is None and needed > budget_left:
             plan.num_new_tokens = max(item.offset - start, 0)
             break
-        if not (may_take_space and cache.can_allocate(needed + sum(pinned.values()))):
+        if not (may_take_space and cache.can_allocate(space + sum(pinned.values()))):
             plan.num_new_tokens = max(item.offset - start, 0)
             plan.blocked_on_space = True
             break
-        plan.to_encode.append(idx)
-        plan.num_embeddings_to_encode = needed
+        if item.stored is not None:
+            plan.to_load.append(idx)
+            plan.num_embeddings_to_load += item.length
+        else:
+            plan.to_encode.append(idx)
+            plan.num_embeddings_to_encode = needed
         new_keys.add(key)
     return plan
 
@@ -100,14 +110,14 @@ def commit_encoder_plan(
 ) -> None:
     """Take the references the plan needs (cached entries first: allocating may evict),
     recording each in ``commit`` as it is taken."""
-    new_keys = {request.mm_items[idx].key for idx in plan.to_encode}
+    new_keys = {request.mm_items[idx].key for idx in plan.to_encode + plan.to_load}
     for idx in plan.to_reference:
         item = request.mm_items[idx]
         if item.key not in new_keys and cache.add_ref(item.key, request.req_id):
             commit.referenced.append(item.key)
             commit.hits += 1
             commit.embeddings_saved += item.length
-    for idx in plan.to_encode:
+    for idx in plan.to_encode + plan.to_load:
         item = request.mm_items[idx]
         cache.allocate(item.key, request.req_id, item.length)
         commit.allocated.append(item.key)

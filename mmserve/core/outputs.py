@@ -41,6 +41,9 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     # req_id -> indices of its mm_items to encode this step (deduplicated by hash across requests).
     scheduled_encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    # req_id -> indices of its mm_items to load from their ``stored`` embedding (no encoder
+    # work; the worker encodes an item whose stored embedding does not fit its placeholder).
+    scheduled_encoder_loads: dict[str, list[int]] = field(default_factory=dict)
     # Encoder-cache keys evicted since the last step: the worker drops their tensors first.
     freed_encoder_keys: list[str] = field(default_factory=list)
     # Requests that ended (finished, aborted) since the last step: forget all their state.

@@ -42,7 +42,9 @@ class Scheduler:
       ``running`` (admission order); ``len(running) <= max_num_seqs``;
     - per step: scheduled tokens <= max_num_batched_tokens, every scheduled count is >= 1 (a
       request that cannot progress is left out, never given 0 or a negative count), encoder
-      work <= the encoder compute budget, and an item key is encoded at most once;
+      work <= the encoder compute budget, and an item key is encoded or loaded at most once (a
+      load, an item the encoder store returned at admission, takes cache space but no
+      encoder budget);
     - a request references an item *occurrence* from the step that schedules its first token
       until its last token is computed (or the request ends or is preempted); at a step
       boundary a request therefore holds at most the one entry its computed position is in;
@@ -62,9 +64,11 @@ class Scheduler:
     a bounded number of steps; once H is refused cache space, no later request of that step
     may take any (``EncoderPlan.blocked_on_space``), so those occurrences drain and H gets the
     space. Hence H gains >= 1 token within bounded steps, finishes, and the next oldest becomes
-    H; waiting requests are admitted FCFS as running ones finish. A child of an ``n > 1`` request
-    that waits for its leader's prefill (``Request.waits_for_leader``) holds the queue only
-    while the leader, which is ahead of it, runs. ``ProgressMonitor`` is the
+    H; waiting requests are admitted FCFS as running ones finish. Encoder-store lookups never
+    hold a request back: they end (hit, miss or deadline) before it reaches the scheduler, and
+    a load needs only the cache space an encode of the same item would. A child of an
+    ``n > 1`` request that waits for its leader's prefill (``Request.waits_for_leader``) holds
+    the queue only while the leader, which is ahead of it, runs. ``ProgressMonitor`` is the
     safety net should a bug break this: it fails the stuck request only.
     """
 
@@ -269,6 +273,9 @@ class Scheduler:
         self._encoder_budget -= plan.num_embeddings_to_encode
         if plan.to_encode:
             out.scheduled_encoder_inputs[request.req_id] = plan.to_encode
+        if plan.to_load:
+            self.counters["encoder_store_loads"] += len(plan.to_load)
+            out.scheduled_encoder_loads[request.req_id] = plan.to_load
         if self.worker.knows(request.req_id):
             out.cached_requests.append(
                 CachedRequestData(request.req_id, new_block_ids, request.num_computed_tokens)

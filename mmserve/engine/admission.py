@@ -150,9 +150,12 @@ class Admission:
         prepared = await gather_or_cancel(
             *(self.prepare_image(src, cache_salt, mm_kwargs) for src in sources)
         )
-        return await self.executors.text(
+        processed = await self.executors.text(
             self.engine.process_inputs, prompt, prepared, uuids, cache_salt, mm_kwargs
         )
+        if processed.store_lookup is not None:  # the encoder store's, up to its deadline
+            await processed.store_lookup.wait_async(self.engine.store_timeout_s)
+        return processed
 
     async def prepare_image(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None

@@ -140,6 +140,7 @@ class AsyncLLMEngine:
         """Stop the loop, then the admission pools and worker processes."""
         self.stop_loop(timeout)
         self.admission.shutdown()
+        self.engine.close()
 
     async def drain(self, timeout: float) -> int:
         """Refuse new requests, let admitted ones finish for up to ``timeout`` seconds, then

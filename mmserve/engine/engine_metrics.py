@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mmserve.store.metrics import STORE_FIELDS, TIERS
+
 Engine = Any  # an LLMEngine (not imported: it imports this table)
 
 
@@ -23,6 +25,46 @@ class EngineMetric:
 
 def _sched(key: str) -> Callable[[Engine], float]:
     return lambda e: e.scheduler.counters[key]
+
+
+def _store(key: str) -> Callable[[Engine], float]:
+    return lambda e: 0 if e.store is None else e.store.metrics.get(key)
+
+
+_TIER_HELP = {
+    "hits": "Encoder store {} lookups that returned a verified embedding.",
+    "misses": "Encoder store {} lookups that found nothing usable (invalid entries included).",
+    "errors": "Encoder store {} calls that failed or were skipped (tier down).",
+    "bytes": "Bytes read from the encoder store {} tier on hits.",
+    "lookup_seconds": "Seconds spent in encoder store {} lookups.",
+}
+_STORE_HELP = {
+    "writes": "Encoder outputs written to the encoder store's disk / Redis tiers.",
+    "writes_dropped": "Encoder store writes dropped because the write-behind queue was full.",
+    "write_errors": "Encoder store write jobs that raised.",
+    "mac_failures": "Encoder store entries whose MAC did not verify (deleted, re-encoded).",
+    "corrupt_entries": "Encoder store entries that failed verification (deleted, re-encoded).",
+    "late_lookups": "Encoder store lookups still pending at their deadline (encoded instead).",
+}
+STORE_METRICS: tuple[EngineMetric, ...] = tuple(
+    EngineMetric(f"encoder_store_{tier}_{field}", "counter", text.format(tier),
+                 _store(f"{tier}_{field}"))
+    for tier in TIERS
+    for field, text in _TIER_HELP.items()
+) + tuple(
+    EngineMetric(f"encoder_store_{name}", "counter", _STORE_HELP[name], _store(name))
+    for name in STORE_FIELDS
+) + (
+    EngineMetric("encoder_store_loads", "counter",
+                 "Images scheduled as loads of an encoder store hit (no encoder work).",
+                 _sched("encoder_store_loads")),
+    EngineMetric("encoder_images_loaded", "counter",
+                 "Images whose embeddings the worker copied in from the encoder store.",
+                 lambda e: e.runner.encoder.num_images_loaded),
+    EngineMetric("encoder_store_load_failures", "counter",
+                 "Scheduled loads whose stored embedding did not fit (encoded instead).",
+                 lambda e: e.runner.encoder.num_load_failures),
+)  # fmt: skip
 
 
 ENGINE_METRICS: tuple[EngineMetric, ...] = (
@@ -74,6 +116,7 @@ ENGINE_METRICS: tuple[EngineMetric, ...] = (
                  lambda e: e.scheduler.kv.prefix_cache_queries),
     EngineMetric("prefix_cache_hits", "counter", "Prompt blocks found in the prefix cache.",
                  lambda e: e.scheduler.kv.prefix_cache_hits),
+    *STORE_METRICS,
 )  # fmt: skip
 
 COUNTER_KEYS = frozenset(m.name for m in ENGINE_METRICS if m.kind == "counter")

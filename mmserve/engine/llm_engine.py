@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
+from mmserve.store import EncoderStore, open_encoder_store
 from mmserve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -142,6 +144,12 @@ class LLMEngine:
             backend,
             frozenset(mc.eos_token_ids),
         )
+        self.store: EncoderStore | None = None
+        if config.encoder_store is not None:
+            self.store = open_encoder_store(
+                config.encoder_store, mc.path, mc.dtype, torch_dtype(mc.dtype)
+            )
+            self.runner.encoder.sink = self.store
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
         self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
         self.dead: BaseException | None = None
@@ -210,7 +218,33 @@ class LLMEngine:
                     f"an image needs {item.length} embeddings, more than the encoder cache"
                     f" ({capacity}) or the per-step encoder budget ({self.encoder_budget})"
                 )
+        if self.store is not None and processed.mm_items:  # keys are final (salted) here
+            cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
+            processed.store_lookup = self.store.lookup(processed.mm_items, cached)
         return processed
+
+    @property
+    def store_timeout_s(self) -> float:
+        store = self.config.encoder_store
+        return 0.0 if store is None else store.timeout_ms / 1000
+
+    def wait_for_store(self, prompts: Sequence[ProcessedPrompt]) -> None:
+        """Wait, at most the store deadline in all, for these prompts' store lookups (the
+        offline path; the server awaits them in ``Admission``). Never on the engine thread."""
+        deadline = time.monotonic() + self.store_timeout_s
+        for processed in prompts:
+            if processed.store_lookup is not None:
+                processed.store_lookup.wait(max(0.0, deadline - time.monotonic()))
+
+    def _attach_store_hits(self, processed: ProcessedPrompt) -> None:
+        """Lookups resolved by now become loads; one still pending is a miss (encoded)."""
+        hits = processed.store_lookup.hits()
+        processed.store_lookup = None
+        if hits:
+            processed.mm_items = [
+                dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
+                for item in processed.mm_items
+            ]
 
     def add_processed(
         self,
@@ -239,6 +273,8 @@ class LLMEngine:
             params = dataclasses.replace(params, max_tokens=room)
         if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
             raise ValueError(f"request id {req_id!r} is already in use")
+        if processed.store_lookup is not None:
+            self._attach_store_hits(processed)
         if params.n == 1:
             self._add_request(req_id, processed, params, prompt_text, cache_salt)
         else:
@@ -290,6 +326,7 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> str:
         processed = self.process_inputs(prompt, images, uuids, cache_salt)
+        self.wait_for_store([processed])
         text = prompt if isinstance(prompt, str) else None
         return self.add_processed(processed, params, request_id, text, cache_salt)
 
@@ -347,6 +384,11 @@ class LLMEngine:
             f" {self.scheduler.kv.pool.num_blocks} KV blocks, stall_steps={limit}; raise the one"
             " this input exceeds (this should not happen for validated settings: please report)"
         )
+
+    def close(self) -> None:
+        """Finish the encoder store's queued writes and stop its threads (if there is one)."""
+        if self.store is not None:
+            self.store.close()
 
     def get_metrics(self) -> dict[str, float]:
         """Every metric of ``engine_metrics.ENGINE_METRICS`` (names and help live there)."""

@@ -87,6 +87,7 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.attention_backend,
         device,
         args.gpu_memory_utilization or 0.9,
+        args.encoder_store_config(),
     )
 
 

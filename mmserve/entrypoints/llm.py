@@ -102,6 +102,7 @@ class LLM:
             )
             for inp in inputs
         ]
+        self.engine.wait_for_store(processed)  # the lookups all started above
         order: dict[str, int] = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
             text = inp.prompt if isinstance(inp.prompt, str) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 import torch
 
@@ -11,6 +12,15 @@ from mmserve.inputs import MultiModalItem
 from mmserve.models.interface import VisionLanguageModel
 
 logger = logging.getLogger(__name__)
+
+
+class EmbeddingSink(Protocol):
+    """Where the runner reports embeddings it computed and embeddings the cache evicted
+    (the encoder store); both calls must return at once."""
+
+    def encoded(self, item_key: str, tensor: torch.Tensor) -> None: ...
+
+    def evicted(self, item_key: str, tensor: torch.Tensor) -> None: ...
 
 
 class EncoderRunner:
@@ -21,11 +31,18 @@ class EncoderRunner:
     dropped when the scheduler reports them evicted, or by ``drop_step_encodes`` when the step
     that encoded them fails (the scheduler rolls the matching allocations back);
     ``num_gather_misses`` counts embeddings missing at gather time (0 unless the two sides
-    disagree: each is encoded again, outside the step's budget, and logged).
+    disagree: each is encoded again, outside the step's budget, and logged). A scheduled
+    *load* copies the item's ``stored`` embedding in; one that does not fit its placeholder
+    is encoded instead in the same step (``num_load_failures``). ``sink`` (None: no store)
+    hears of every encoded and every evicted embedding.
     """
 
-    def __init__(self, model: VisionLanguageModel) -> None:
+    def __init__(self, model: VisionLanguageModel, device: torch.device | None = None) -> None:
         self.model = model
+        self.device = device if device is not None else torch.device("cpu")
+        self.sink: EmbeddingSink | None = None
+        self.num_images_loaded = 0
+        self.num_load_failures = 0
         self.embeddings: dict[str, torch.Tensor] = {}
         self.encoder_seconds = 0.0
         self.num_images_encoded = 0
@@ -44,6 +61,32 @@ class EncoderRunner:
     def drop(self, keys: list[str]) -> None:
         for key in keys:
             self.embeddings.pop(key, None)
+
+    def evict(self, keys: list[str]) -> None:
+        """The scheduler evicted ``keys``: hand them to the sink, then drop them."""
+        if self.sink is not None:
+            for key in keys:
+                emb = self.embeddings.get(key)
+                if emb is not None:
+                    self.sink.evicted(key, emb)
+        self.drop(keys)
+
+    def load(self, items: list[MultiModalItem]) -> list[MultiModalItem]:
+        """Copy the items' stored embeddings in; returns those that must be encoded instead."""
+        failed = []
+        for item in items:
+            if item.key in self.embeddings:
+                continue
+            stored = item.stored
+            if stored is None or stored.dim() != 2 or stored.shape[0] != item.length:
+                logger.warning("stored embedding of %s does not fit: encoding it", item.key)
+                self.num_load_failures += 1
+                failed.append(item)
+                continue
+            self.embeddings[item.key] = stored.to(self.device)
+            self._encoded_this_step.append(item.key)
+            self.num_images_loaded += 1
+        return failed
 
     def encode(self, items: list[MultiModalItem]) -> None:
         """Encode the items not held yet in one batched call, deduplicated by key."""
@@ -66,6 +109,8 @@ class EncoderRunner:
         for key, emb in zip(todo, outputs, strict=True):
             self.embeddings[key] = emb
             self._encoded_this_step.append(key)
+            if self.sink is not None:
+                self.sink.encoded(key, emb)
         self.num_embeddings_computed += sum(item.length for item in todo.values())
         self.num_images_encoded += len(todo)
 

@@ -79,7 +79,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.device = device
-        self.encoder = EncoderRunner(model)
+        self.encoder = EncoderRunner(model, device)
         self.states: dict[str, RequestState] = {}
         self._seeds = random.Random(seed)
         self._parked_generators: dict[str, torch.Generator] = {}
@@ -134,7 +134,7 @@ class ModelRunner:
                 self._parked_generators[req_id] = state.generator
             if state is not None and state.matcher is not None:
                 self._parked_matchers[req_id] = state.matcher
-        self.encoder.drop(sched.freed_encoder_keys)
+        self.encoder.evict(sched.freed_encoder_keys)
         self.encoder.begin_step()
         undo = self._apply_request_changes(sched)
         try:
@@ -176,12 +176,20 @@ class ModelRunner:
 
     def _run(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         seconds, images = self.encoder.encoder_seconds, self.encoder.num_images_encoded
+        unloaded = self.encoder.load(
+            [
+                self.states[req_id].mm_items[idx]
+                for req_id, indices in sched.scheduled_encoder_loads.items()
+                for idx in indices
+            ]
+        )
         self.encoder.encode(
             [
                 self.states[req_id].mm_items[idx]
                 for req_id, indices in sched.scheduled_encoder_inputs.items()
                 for idx in indices
             ]
+            + unloaded
         )
         batch = self._build_batch(sched)
         with torch.inference_mode():

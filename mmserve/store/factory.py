@@ -1,0 +1,74 @@
+"""Build an ``EncoderStore`` from its config: fingerprint, secret, tiers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from mmserve.config import EncoderStoreConfig
+from mmserve.store.codec import StoreCodec
+from mmserve.store.disk import DiskTier
+from mmserve.store.fingerprint import weights_fingerprint
+from mmserve.store.keys import StoreKeyer
+from mmserve.store.ram import RamTier
+from mmserve.store.redis_tier import RedisTier
+from mmserve.store.store import ByteTier, EncoderStore
+
+logger = logging.getLogger(__name__)
+
+SECRET_ENV = "MMSERVE_ENCODER_STORE_SECRET"
+SECRET_FILE = ".mmserve-store-secret"
+
+
+def resolve_secret(config: EncoderStoreConfig) -> bytes:
+    """The setting, else the environment; for a disk-only store a random secret kept (0600) in
+    its directory; else random per process (L1 alone never serializes)."""
+    secret = config.secret or os.environ.get(SECRET_ENV)
+    if secret:
+        return secret.encode()
+    if config.redis_url:
+        raise ValueError(
+            f"encoder_store_redis {config.redis_url!r} needs encoder_store_secret (or"
+            f" ${SECRET_ENV}): replicas sharing Redis must share the MAC secret"
+        )
+    if config.disk_dir is None:
+        return os.urandom(32)
+    path = Path(config.disk_dir) / SECRET_FILE
+    Path(config.disk_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(os.urandom(32).hex().encode())
+    return path.read_bytes()
+
+
+def open_encoder_store(
+    config: EncoderStoreConfig, model_path: Path, dtype: str, torch_dtype: torch.dtype
+) -> EncoderStore:
+    fingerprint = weights_fingerprint(model_path)
+    tiers: list[ByteTier] = []
+    if config.disk_dir is not None:
+        tiers.append(DiskTier(config.disk_dir, config.disk_bytes))
+    if config.redis_url is not None:
+        timeout_s = max(0.2, 4 * config.timeout_ms / 1000)
+        tiers.append(RedisTier(config.redis_url, config.ttl_s, timeout_s))
+    store = EncoderStore(
+        StoreKeyer(fingerprint, dtype),
+        StoreCodec(resolve_secret(config), torch_dtype),
+        RamTier(config.ram_bytes) if config.ram_bytes else None,
+        tiers,
+        config.write_queue,
+    )
+    logger.info(
+        "encoder store: L1 %d bytes, L2 %s, L3 %s, weights fingerprint %s",
+        config.ram_bytes,
+        config.disk_dir or "off",
+        "on" if config.redis_url else "off",
+        fingerprint[:16],
+    )
+    return store
