@@ -116,3 +116,13 @@ def test_routing_stats_count_a_choice_over_its_cap() -> None:
     stats.on_routed("q0", "a", "pinned")
     stats.reserve("q1", "a", "a", cap=1)  # 1 in flight + this one > 1
     assert stats.snapshot()["over_cap"] == 1
+
+
+def test_a_dead_replica_is_dropped_with_its_in_flight_count() -> None:
+    stats = RoutingStats()
+    stats.set_replicas(["a", "b"])
+    stats.on_routed("q1", "a", "affinity")
+    stats.drop_replica("a")
+    assert stats.loads() == {"b": 0} and stats.snapshot()["replicas"] == ["b"]
+    stats.on_completed("q1")  # Ray reports it later: no effect
+    assert stats.snapshot()["in_flight"] == {}

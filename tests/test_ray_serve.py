@@ -198,3 +198,81 @@ def test_health_models_and_metrics(cluster: str) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL]
     text = httpx.get(f"{cluster}/metrics", timeout=30).text
     assert "mmserve_encoder_images_encoded" in text
+
+
+# ---- the shared encoder store (issue 17); last in this module: it replaces the app above ----
+def _has_store_settings() -> bool:
+    import dataclasses
+
+    from mmserve.engine_args import EngineArgs
+
+    return "encoder_store_redis" in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+@pytest.fixture(scope="module")
+def store_app(cluster: str) -> Iterator[str]:
+    """The app again, its replicas sharing one real Redis L3 (redis-server on 127.0.0.1)."""
+    if not _has_store_settings():
+        pytest.skip("EngineArgs has no encoder_store_redis: the encoder store is not merged")
+    from tests.redis_server import REDIS_SERVER, redis_process
+
+    if REDIS_SERVER is None:
+        pytest.skip("no redis-server binary (apt-get install redis-server; .ci/run installs it)")
+    for redis in redis_process():
+        serve.delete("mmserve")
+        settings = {
+            **SETTINGS,
+            "encoder_store_redis": redis.url,
+            "encoder_store_secret": "ray-test-secret-0123456789",
+        }
+        app = build_app(namespace_from_config(settings))
+        serve.run(app, name="mmserve-store", route_prefix="/")
+        yield cluster
+
+
+def _kill_replica(replica: str) -> None:
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if "EngineReplica" in actor["name"] and actor["name"].endswith(replica):
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+            return
+    raise AssertionError(f"no actor for replica {replica}")
+
+
+def _wait(predicate: Any, what: str, timeout: float = 180.0) -> Any:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_shared_store_a_restarted_replica_loads_instead_of_encoding(store_app: str) -> None:
+    texts = run_conversations(store_app)
+    first = cluster_stats(store_app)
+    assert first["total"]["encoder_images_encoded"] == DISTINCT_IMAGES
+    _wait(
+        lambda: cluster_stats(store_app)["total"].get("encoder_store_writes", 0) >= DISTINCT_IMAGES,
+        "the store's write-behind",
+    )
+    busiest = max(first["replicas"], key=lambda r: first["replicas"][r]["requests"])
+    (survivor,) = set(first["replicas"]) - {busiest}
+    _kill_replica(busiest)
+
+    def replaced() -> dict[str, Any] | None:
+        stats = cluster_stats(store_app)
+        names = set(stats["replicas"])
+        return stats if len(names) == REPLICAS and busiest not in names else None
+
+    _wait(replaced, "Serve to replace the killed replica")
+    assert run_conversations(store_app) == texts
+    after = cluster_stats(store_app)
+    # not one image encoded again anywhere: the killed replica's chats moved (to the survivor
+    # or the new replica, as rendezvous ranks them) and were loaded from the store; the
+    # survivor's own ones hit its cache, or the store where the new replica took them over
+    encoded = sum(r["encoder_images_encoded"] for r in after["replicas"].values())
+    assert encoded == first["replicas"][survivor]["encoder_images_encoded"]
+    assert sum(r["encoder_store_loads"] for r in after["replicas"].values()) > 0

@@ -91,3 +91,8 @@ class FrontendEngine:
 
     def get_metrics(self) -> dict[str, float]:
         return {}
+
+    store_timeout_s = 0.0  # no encoder store here: the replicas look their items up
+
+    def close(self) -> None:
+        """Nothing to release (``AsyncLLMEngine.shutdown`` closes its engine)."""

@@ -144,7 +144,10 @@ class RoutedEngine(AsyncLLMEngine):
 
     async def replica_stats(self, replica: str) -> dict[str, Any]:
         call = self.replicas.stats.remote(route=RouteKey(pin=replica))
-        return dict(await asyncio.wait_for(call, STATS_TIMEOUT_S))
+        stats = dict(await asyncio.wait_for(call, STATS_TIMEOUT_S))
+        if stats.get("replica") != replica:  # it is gone; another one answered
+            raise LookupError(f"replica {replica} is gone")
+        return stats
 
     async def cluster_stats(self) -> dict[str, Any]:
         """Per-replica engine counters (encodes, cache hits, requests), their totals and this

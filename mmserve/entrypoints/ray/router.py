@@ -27,8 +27,9 @@ class ImageAffinityRouter(RequestRouter):
       per rank, so Ray tries them in that order when a queue is full.
     - ``pow2``: two random replicas, the one with the shorter queue (Ray's default policy;
       kept here so pinned calls and the counts work the same for the comparison).
-    - A key with ``pin`` goes to that replica only; a call without a key goes to the replica
-      with the fewest in-flight requests. Neither counts against affinity.
+    - A key with ``pin`` goes to that replica only (to any while it is gone, never nowhere: a
+      call Ray cannot place stays pending and blocks the calls sharing its request id); a call
+      without a key goes to the replica with the fewest in-flight requests.
     - In-flight counts are this router's own (routed minus completed; Ray reports every
       dispatched request's completion exactly once), published in ``routing_stats.ROUTING``
       (read through the module: Ray pickles this module by value, the module by reference).
@@ -50,6 +51,10 @@ class ImageAffinityRouter(RequestRouter):
         super().update_replicas(replicas)
         routing_stats.ROUTING.set_replicas([replica_name(r) for r in replicas])
 
+    def on_replica_actor_died(self, replica_id: Any) -> None:
+        super().on_replica_actor_died(replica_id)
+        routing_stats.ROUTING.drop_replica(str(replica_id.unique_id))
+
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
@@ -58,7 +63,9 @@ class ImageAffinityRouter(RequestRouter):
         by_name = {replica_name(r): r for r in candidate_replicas}
         key = pending_request.kwargs.get("route") if pending_request is not None else None
         if isinstance(key, RouteKey) and key.pin is not None:
-            return [[by_name[key.pin]]] if key.pin in by_name else []
+            if key.pin in by_name:
+                return [[by_name[key.pin]]]
+            return [list(by_name.values())]  # gone: answered by another (the caller checks)
         loads = routing_stats.ROUTING.loads()
         if not isinstance(key, RouteKey) or self.policy == "pow2":
             names = list(by_name)

@@ -52,6 +52,12 @@ class RoutingStats:
             for gone in set(self.in_flight) - set(replica_ids):
                 del self.in_flight[gone]
 
+    def drop_replica(self, replica: str) -> None:
+        """A replica died: stop listing it before Serve's next replica update."""
+        with self._lock:
+            self.replica_ids = [r for r in self.replica_ids if r != replica]
+            self.in_flight.pop(replica, None)
+
     def loads(self) -> dict[str, int]:
         """In-flight plus reserved requests per replica."""
         with self._lock:
