@@ -276,3 +276,32 @@ def test_shared_store_a_restarted_replica_loads_instead_of_encoding(store_app: s
     encoded = sum(r["encoder_images_encoded"] for r in after["replicas"].values())
     assert encoded == first["replicas"][survivor]["encoder_images_encoded"]
     assert sum(r["encoder_store_loads"] for r in after["replicas"].values()) > 0
+
+
+def test_flags_reach_the_deployments_unchanged() -> None:
+    """No cluster needed: the application's deployment options and replica arguments."""
+    autoscaling = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 4}
+    args = namespace_from_config(
+        {
+            **SETTINGS,
+            "ray_autoscaling": autoscaling,
+            "routing": "pow2",
+            "routing_load_factor": 2.0,
+            "kv_cache_memory": "64MiB",
+        }
+    )
+    app = build_app(args)
+    ingress = app._bound_deployment
+    replica_app = ingress.init_args[0]
+    replica = replica_app._bound_deployment
+    engine_args, max_queued, threads = replica.init_args
+    assert engine_args["model"] == MODEL and engine_args["max_num_seqs"] == 8
+    assert engine_args["kv_cache_memory"] == 64 * 2**20
+    assert (max_queued, threads) == (args.max_queued_requests, 1)
+    config = replica._deployment_config
+    assert config.autoscaling_config.max_replicas == 3
+    assert config.autoscaling_config.target_ongoing_requests == 4
+    kwargs = config.request_router_config.request_router_kwargs
+    assert kwargs == {"load_factor": 2.0, "policy": "pow2"}
+    with pytest.raises(ValueError, match="--routing-load-factor"):
+        build_app(namespace_from_config({**SETTINGS, "routing_load_factor": 0.5}))

@@ -35,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replica-cpus", type=float, default=1.0)
     p.add_argument("--load-factor", type=float, default=1.25)
     p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument(
+        "--encoder-store-redis",
+        default=None,
+        metavar="URL",
+        help="replicas share this Redis as encoder store L3 (FLUSHed before each configuration)",
+    )
     p.add_argument("--out", default="bench-out/replicas")
     return p
 
@@ -85,6 +91,12 @@ def run_config(replicas: int, policy: str, args: argparse.Namespace, port: int) 
         "max_num_seqs": args.max_num_seqs,
         "media_workers": 0,
     }
+    if args.encoder_store_redis:
+        import redis
+
+        redis.Redis.from_url(args.encoder_store_redis).flushdb()
+        settings["encoder_store_redis"] = args.encoder_store_redis
+        settings["encoder_store_secret"] = "mmserve-bench-replicas-secret"
     name = f"bench-{replicas}-{policy}"
     serve.run(build_app(namespace_from_config(settings)), name=name, route_prefix="/")
     base = f"http://127.0.0.1:{port}"
@@ -97,6 +109,7 @@ def run_config(replicas: int, policy: str, args: argparse.Namespace, port: int) 
         serve.delete(name)
     per_replica = sorted((s["requests"] for s in stats["replicas"].values()), reverse=True)
     encodes = int(stats["total"]["encoder_images_encoded"])
+    loads = int(stats["total"].get("encoder_store_loads", 0))
     distinct = args.chats * args.turns
     return {
         "replicas": replicas,
@@ -105,6 +118,7 @@ def run_config(replicas: int, policy: str, args: argparse.Namespace, port: int) 
         "distinct_images": distinct,
         "encodes": encodes,
         "encodes_per_distinct_image": encodes / distinct,
+        "store_loads": loads,
         "requests_per_replica": per_replica,
         "decisions": stats["routing"]["decisions"],
         "peak_in_flight": stats["routing"]["peak_in_flight"],
@@ -115,17 +129,17 @@ def run_config(replicas: int, policy: str, args: argparse.Namespace, port: int) 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| replicas | routing | requests | encodes / distinct image | requests per replica"
-        " | spills | wall s | req/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| replicas | routing | requests | encodes / distinct image | store loads"
+        " | requests per replica | spills | wall s | req/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         spread = "/".join(map(str, r["requests_per_replica"]))
         lines.append(
             f"| {r['replicas']} | {r['policy']} | {r['requests']} |"
             f" {r['encodes']}/{r['distinct_images']} = {r['encodes_per_distinct_image']:.2f} |"
-            f" {spread} | {r['decisions'].get('spill', 0)} | {r['wall_s']:.1f} |"
-            f" {r['requests_per_s']:.2f} |"
+            f" {r['store_loads']} | {spread} | {r['decisions'].get('spill', 0)} |"
+            f" {r['wall_s']:.1f} | {r['requests_per_s']:.2f} |"
         )
     return "\n".join(lines)
 
