@@ -33,7 +33,7 @@ def start_ray(args: argparse.Namespace) -> None:
     )
 
 
-def deploy(args: argparse.Namespace, *, blocking_route: bool = True) -> Any:
+def deploy(args: argparse.Namespace) -> Any:
     """Start Serve's proxy on --host/--port and deploy (returns the ingress handle)."""
     serve.start(http_options={"host": args.host, "port": args.port})
     return serve.run(build_app(args), name=APP_NAME, route_prefix="/")

@@ -30,9 +30,11 @@ class ImageAffinityRouter(RequestRouter):
     - A key with ``pin`` goes to that replica only (to any while it is gone, never nowhere: a
       call Ray cannot place stays pending and blocks the calls sharing its request id); a call
       without a key goes to the replica with the fewest in-flight requests.
-    - In-flight counts are this router's own (routed minus completed; Ray reports every
-      dispatched request's completion exactly once), published in ``routing_stats.ROUTING``
-      (read through the module: Ray pickles this module by value, the module by reference).
+    - Loads are this router's own: choices reserved until dispatched, then dispatched minus
+      completed (Ray reports every dispatched request's completion exactly once; dispatches
+      are reported under Serve's rejection protocol, on by default), kept in
+      ``routing_stats.ROUTING`` (read through the module: Ray pickles this module by value,
+      the module by reference).
     - Ray matches a routing choice to its request by the internal request id, which the calls
       made while serving one HTTP request share: the ingress makes such calls one at a time.
     """
