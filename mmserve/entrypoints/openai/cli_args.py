@@ -16,6 +16,7 @@ from mmserve.arg_types import parse_bytes
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.limits import add_limit_flags
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
+from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
 
 DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -160,6 +161,7 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     engine = p.add_argument_group("engine (the same names as LLM(...) arguments)")
     EngineArgs.add_cli_args(engine, exclude=("model",))
     add_vllm_flags(p)
+    add_ray_flags(p)
     p.add_argument(
         "--disable-uvicorn-access-log",
         action="store_true",
@@ -243,6 +245,9 @@ def run_server(args: argparse.Namespace) -> int:
     """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
     engine_args(args)  # settings errors before torch is imported
     check_server_flags(args)
+    check_ray_flags(args)
+    if wants_ray(args):  # by name: Ray is imported only here (the `mmserve[ray]` extra)
+        return int(importlib.import_module("mmserve.entrypoints.ray.launch").run(args))
     # by name: the flags module stays free of the server's imports (and of an import cycle)
     server = importlib.import_module("mmserve.entrypoints.openai.server")
     return int(server.run(args))
