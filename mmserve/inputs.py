@@ -53,6 +53,7 @@ class ProcessedPrompt:
     prompt_token_ids: list[int]
     mm_items: list[MultiModalItem]
     store_lookup: Any = None  # the encoder store's pending lookups (a StoreLookup), if any
+    cache_salt: str | None = None  # the tenant's, set at admission: scopes the block hashes
 
 
 @dataclass(frozen=True)

@@ -222,3 +222,21 @@ def test_delta_tracker_never_emits_text_a_stop_string_removes() -> None:
     assert tracker.delta("hello ST", False) == "o"
     assert tracker.delta("hello ", True) == " "  # the engine cut the text at the stop string
     assert DeltaTracker([]).delta("ab\ufffd", False) == "ab"  # incomplete UTF-8 held back
+
+
+def test_a_tenants_salt_scopes_text_prefix_blocks_on_the_server_path(engine) -> None:
+    """Found by the Ray helper: the async path never passed cache_salt to the engine, so
+    text-only prefix blocks were shared across tenants (only image keys carried the salt)."""
+    text = "USER: " + "tell me a long story about a red fox " * 6 + "ASSISTANT:"
+
+    async def cached(salt: str | None) -> int:
+        outs = await collect(engine.generate(text, (), None, SHORT, None, salt))
+        return outs[-1].num_cached_tokens
+
+    async def run() -> tuple[int, int, int]:
+        await cached("tenant-a")
+        return await cached("tenant-b"), await cached("tenant-a"), await cached(None)
+
+    other, same, none = asyncio.run(run())
+    assert same > 0  # the same tenant hits its own blocks
+    assert other == 0 and none == 0  # another tenant (or none) does not

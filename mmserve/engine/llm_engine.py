@@ -39,6 +39,7 @@ from mmserve.engine.malloc_tuning import tune_malloc
 from mmserve.engine.memory_profile import num_kv_blocks
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
+from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
@@ -210,25 +211,17 @@ class LLMEngine:
         ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
         prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
         engine's image processor settings for this prompt's images (part of their keys)."""
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        check_cache_salt(cache_salt)
         processed = self.processor.process(
             prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
         )
-        n = len(processed.prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {n} tokens, the model's max length is {self.max_model_len}"
-                " (including at least one generated token)"
-            )
-        capacity = self.scheduler.encoder_cache.capacity
-        for item in processed.mm_items:
-            if item.length > min(capacity, self.encoder_budget):
-                what = "an image" if item.video is None else "a video frame group"
-                raise ValueError(
-                    f"{what} needs {item.length} embeddings, more than the encoder cache"
-                    f" ({capacity}) or the per-step encoder budget ({self.encoder_budget})"
-                )
+        processed.cache_salt = cache_salt
+        check_prompt_fits(
+            processed,
+            self.max_model_len,
+            self.scheduler.encoder_cache.capacity,
+            self.encoder_budget,
+        )
         if self.store is not None and processed.mm_items:  # keys are final (salted) here
             cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
             processed.store_lookup = self.store.lookup(processed.mm_items, cached)
@@ -266,8 +259,11 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> str:
         """Queue one processed prompt; ``params.n > 1`` fans out ``n`` child requests whose
-        outputs come back merged under ``request_id`` (see ``engine.fanout``)."""
+        outputs come back merged under ``request_id`` (see ``engine.fanout``). ``cache_salt``
+        defaults to the one the prompt was admitted with."""
         params.check_token_ids(self.vocab_size)
+        if cache_salt is None:
+            cache_salt = processed.cache_salt  # the salt admission scoped the images with
         if params.n > self.config.scheduler.max_num_seqs:
             raise ValueError(
                 f"n must be <= max_num_seqs ({self.config.scheduler.max_num_seqs}), got {params.n}"

@@ -11,6 +11,7 @@ from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.generation_defaults import build_sampling_params
 from mmserve.engine.grammar import GrammarCompiler
 from mmserve.engine.loading import create_engine_config, load_image_processor, load_tokenizer
+from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
@@ -64,25 +65,17 @@ class FrontendEngine:
         uuids: Sequence[str | None] | None = None,
         cache_salt: str | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """``LLMEngine.process_inputs``: the same processor and the same refusals."""
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
-        processed = self.processor.process(prompt, images, uuids, cache_salt, mm_processor_kwargs)
-        n = len(processed.prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {n} tokens, the model's max length is {self.max_model_len}"
-                " (including at least one generated token)"
-            )
-        limit = min(self.encoder_cache_capacity, self.encoder_budget)
-        for item in processed.mm_items:
-            if item.length > limit:
-                raise ValueError(
-                    f"an image needs {item.length} embeddings, more than the encoder cache"
-                    f" ({self.encoder_cache_capacity}) or the per-step encoder budget"
-                    f" ({self.encoder_budget})"
-                )
+        check_cache_salt(cache_salt)
+        processed = self.processor.process(
+            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+        )
+        processed.cache_salt = cache_salt
+        check_prompt_fits(
+            processed, self.max_model_len, self.encoder_cache_capacity, self.encoder_budget
+        )
         return processed
 
     def default_sampling_params(self) -> SamplingParams:
