@@ -175,6 +175,9 @@ def test_timestamps_and_group_ranges(ref):
     assert (
         processed.prompt_token_ids == ref.inputs(prompt("?"), [video], [])["input_ids"][0].tolist()
     )
+    with pytest.raises(ValueError, match="temporal_factor"):  # transformers refuses it too
+        llm.generate({"prompt": prompt("?"), "videos": [make_frames(3, 1)]}, GREEDY, False)
+    assert llm.generate({"prompt": prompt("?"), "videos": [make_frames(3, 2)]}, GREEDY, False)
 
 
 def test_second_turn_encodes_no_frame_group(ref):
