@@ -321,7 +321,10 @@ def test_preprocessing_mode_from_argument_and_environment(engine, monkeypatch):
 def test_media_workers_use_the_preparers_mode(engine):
     """Worker processes rebuild the preparer with its mode (not the environment's default)."""
     fast = preparer(engine, preprocessing="fast")
-    workers = MediaWorkers(SimpleNamespace(preparer=fast), 1)  # type: ignore[arg-type]
+    workers = MediaWorkers(
+        SimpleNamespace(preparer=fast, video_loader=engine.processor.video_loader),
+        1,  # type: ignore[arg-type]
+    )
     raw = jpeg(make_image(1, (320, 200)))
     try:
         got = asyncio.run(workers.run(raw))

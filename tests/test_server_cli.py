@@ -49,6 +49,7 @@ FLAGS = [
     "--allowed-media-networks",
     "--media-fetch-timeout",
     "--max-concurrent-media-fetches",
+    "--max-video-bytes",
     "--public-metrics",
     "--allowed-hosts",
     "--allowed-origins",

@@ -106,6 +106,7 @@ def test_vllm_settings_map_onto_engine_args() -> None:
     assert args.kv_cache_memory == 2 << 30
     assert (args.seed, args.max_num_seqs, args.enable_prefix_caching) == (3, 5, False)
     assert args.scheduler_config().limit_mm_per_prompt == {"image": 2, "video": 0}
+    assert args.scheduler_config().max_videos_per_prompt == 0
     notes = "\n".join(args.ignored_settings())
     for flag in ("--trust-remote-code", "--enforce-eager", "--gpu-memory-utilization 0.9"):
         assert flag in notes

@@ -21,6 +21,7 @@ WORKLOADS: dict[str, str] = {
     "video": "video chat (turn 2 encodes nothing) and encoder peak memory vs video length",
     "envs": "one workload under allocator / OpenMP variants (fresh process per run, interleaved)",
     "store": "encoder store: per-tier lookup cost; re-encodes + TTFT after a restart / replica",
+    "replicas": "N replicas on a local Ray Serve: image-affinity vs power-of-two routing",
 }
 
 

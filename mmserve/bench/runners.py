@@ -113,7 +113,7 @@ class TransformersRunner:
         from mmserve.multimodal.media import load_image
 
         start = time.monotonic()
-        conv, images, _ = parse_chat_messages(messages)
+        conv, images, _, _ = parse_chat_messages(messages)
         pil = [load_image(src) for src in images]
         prompt = render_chat(self.ref.tokenizer, conv)
         inputs = self.ref.inputs(prompt, pil)

@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, VideoFrames
 from mmserve.multimodal.image_memo import PreparedImage
-from mmserve.multimodal.media_fetch import MediaFetcher, is_http_url
+from mmserve.multimodal.media_fetch import MediaFetcher, MediaKind, is_http_url
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
+from mmserve.multimodal.video_prep import PreparedVideo
+from mmserve.multimodal.video_source import video_memo_key
 
 if TYPE_CHECKING:
     from mmserve.engine.llm_engine import LLMEngine
@@ -113,13 +115,15 @@ async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
 
 
 class Admission:
-    """Prompt + image sources -> ``ProcessedPrompt``, none of it on the event loop.
+    """Prompt + image and video sources -> ``ProcessedPrompt``, none of it on the event loop.
 
-    Invariants: http(s) sources (any letter case) are fetched by the async ``MediaFetcher``
-    (its own concurrency limit and deadline); every other source is read, decoded and
-    preprocessed by the media worker processes or the media pool, never by asyncio's default
-    executor; the image memo key includes the tenant's ``cache_salt``, so a memo hit's timing
-    says nothing across tenants; the first failure cancels the request's other fetches and jobs.
+    Invariants: image and video counts and ``mm_processor_kwargs`` are checked before anything
+    is fetched; http(s) sources (any letter case) are fetched by the async ``MediaFetcher``
+    (its own concurrency limit and deadline; videos under their own byte limit); every other
+    source is read, decoded and preprocessed by the media worker processes or the media pool,
+    never by asyncio's default executor; the image and video memo keys include the tenant's
+    ``cache_salt``, so a memo hit's timing says nothing across tenants; the first failure
+    cancels the request's other fetches and jobs.
     """
 
     def __init__(
@@ -144,29 +148,28 @@ class Admission:
         videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch);
-        ``videos``: decoded videos, preprocessed in the media threads."""
+        ``videos``: video sources (``video_source``), decoded and preprocessed off the loop."""
         processor = self.engine.processor
         processor.check_num_images(len(images))  # before any fetch or decode
         processor.videos.check_count(len(videos))
         processor.check_mm_kwargs(mm_kwargs)
-        sources = await gather_or_cancel(*(self._fetch_if_remote(src) for src in images))
-        prepared = await gather_or_cancel(
-            *(self.prepare_image(src, cache_salt, mm_kwargs) for src in sources)
+        sources = await gather_or_cancel(
+            *(self._fetch_if_remote(src) for src in images),
+            *(self._fetch_if_remote(src, "video") for src in videos),
         )
-        prepared_videos = await gather_or_cancel(
-            *(
-                self.executors.media(processor.prepare_video, v, mm_kwargs, cache_salt)
-                for v in videos
-            )
+        image_sources, video_sources = sources[: len(images)], sources[len(images) :]
+        prepared = await gather_or_cancel(
+            *(self.prepare_image(src, cache_salt, mm_kwargs) for src in image_sources),
+            *(self.prepare_video(src, cache_salt, mm_kwargs) for src in video_sources),
         )
         processed = await self.executors.text(
             self.engine.process_inputs,
             prompt,
-            prepared,
+            prepared[: len(images)],
             uuids,
             cache_salt,
             mm_kwargs,
-            prepared_videos,
+            prepared[len(images) :],
         )
         if processed.store_lookup is not None:  # the encoder store's, up to its deadline
             await processed.store_lookup.wait_async(self.engine.store_timeout_s)
@@ -193,9 +196,38 @@ class Admission:
             processor.memo.put(key, prepared)
         return prepared
 
-    async def _fetch_if_remote(self, source: Any) -> Any:
+    async def prepare_video(
+        self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
+    ) -> PreparedVideo:
+        """Decode (``decode_video``), then preprocess and hash in the media threads (the
+        processor's per-tenant memo first)."""
+        frames = await self.decode_video(source, cache_salt, mm_kwargs)
+        processor = self.engine.processor
+        return await self.executors.media(processor.prepare_video, frames, mm_kwargs, cache_salt)
+
+    async def decode_video(
+        self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
+    ) -> VideoFrames:
+        """Decode and sample one video in a media worker process (the media threads without
+        them, or for frames given already decoded); the memo is consulted here first."""
+        processor = self.engine.processor
+        if self.media_workers is None or not isinstance(source, (bytes, str)):
+            return await self.executors.media(processor.load_video, source, cache_salt, mm_kwargs)
+        sampling = processor.video_sampling(mm_kwargs)
+        key = None
+        if isinstance(source, bytes) or source[:5].lower() == "data:":  # not a path: may change
+            key = await self.executors.text(video_memo_key, source, sampling, cache_salt)
+            hit = processor.video_memo.get(key)
+            if hit is not None:
+                return hit
+        video = await self.media_workers.run_video(source, sampling)
+        if key is not None:
+            processor.video_memo.put(key, video)
+        return video
+
+    async def _fetch_if_remote(self, source: Any, kind: MediaKind = "image") -> Any:
         if isinstance(source, str) and is_http_url(source):
-            return await self.fetcher.fetch(source)
+            return await self.fetcher.fetch(source, kind)
         return source
 
     def shutdown(self) -> None:

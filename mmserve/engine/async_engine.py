@@ -48,6 +48,7 @@ from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.output_stream import AbortCommand, AddCommand, OutputStream
 from mmserve.engine.outputs import RequestOutput
+from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
@@ -187,6 +188,8 @@ class AsyncLLMEngine:
         cache_salt: str | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
         videos: Sequence[Any] = (),
+        *,
+        processed: ProcessedPrompt | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs of one request until it finishes.
 
@@ -194,7 +197,9 @@ class AsyncLLMEngine:
         ``max_tokens`` from the remaining context); a ValueError it raises propagates.
         Raises ``EngineOverloadedError`` / ``EngineShutdownError`` before any work, ValueError
         for bad input, ``EngineStepError`` if the engine fails. Leaving the iteration early
-        (break, aclose, cancellation) aborts the request in the engine.
+        (break, aclose, cancellation) aborts the request in the engine. ``processed``: a prompt
+        admitted elsewhere (the Ray ingress, an internal call; never client input): admission
+        is skipped and ``images`` / ``uuids`` / ``cache_salt`` are ignored.
         """
         self.check_health()
         limit = self.max_queued_requests
@@ -210,9 +215,10 @@ class AsyncLLMEngine:
         reason = "error"
         try:
             try:
-                processed = await self.admission.admit(
-                    prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-                )
+                if processed is None:
+                    processed = await self.admission.admit(
+                        prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+                    )
                 params = params(len(processed.prompt_token_ids)) if callable(params) else params
             except ValueError:
                 reason = "rejected"

@@ -1,4 +1,5 @@
-"""OpenAI-style chat messages -> ``PromptInput`` (text via the chat template, images, uuids).
+"""OpenAI-style chat messages -> ``PromptInput`` (text via the chat template, images, uuids,
+videos).
 
 Message content is normalized to the shape the template reads (vLLM's content format, see
 ``engine.chat_content_format``): a template that loops over the parts gets a list of parts
@@ -64,20 +65,33 @@ class ChatOptions:
             )
 
 
+def _part_source(part: dict[str, Any], kind: str, where: str) -> Any:
+    source = part.get(kind)
+    if isinstance(source, dict):
+        source = source.get("url")
+    if source is None:
+        raise ValueError(f"{where} has no {kind.removesuffix('_url')}")
+    return source
+
+
 def parse_chat_messages(
     messages: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[Any], list[str | None]]:
-    """Split content parts into template-ready messages plus the images in prompt order.
+) -> tuple[list[dict[str, Any]], list[Any], list[str | None], list[Any]]:
+    """Split content parts into template-ready messages plus the images and the videos, each
+    in prompt order.
 
     Accepted parts: {"type": "text", "text"}, {"type": "image_url", "image_url": {"url"} | url,
-    "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?}. String content
-    stays a string; ``name`` is passed to the template.
+    "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?}, {"type":
+    "video_url", "video_url": {"url"} | url}, {"type": "video", "video": path | bytes |
+    frames}; the template sees {"type": "image"} / {"type": "video"}. String content stays a
+    string; ``name`` is passed to the template.
     """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     conv: list[dict[str, Any]] = []
     images: list[Any] = []
     uuids: list[str | None] = []
+    videos: list[Any] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg:
             raise ValueError(f"messages[{i}] must be an object with a 'role'")
@@ -94,18 +108,18 @@ def parse_chat_messages(
             if kind == "text":
                 parts.append({"type": "text", "text": str(part.get("text", ""))})
             elif kind in ("image_url", "image"):
-                source = part.get(kind)
-                if isinstance(source, dict):
-                    source = source.get("url")
-                if source is None:
-                    raise ValueError(f"messages[{i}].content[{j}] has no image")
-                images.append(source)
+                images.append(_part_source(part, kind, f"messages[{i}].content[{j}]"))
                 uuids.append(part.get("uuid"))
                 parts.append({"type": "image"})
+            elif kind in ("video_url", "video"):
+                if part.get("uuid") is not None:
+                    raise ValueError(f"messages[{i}].content[{j}]: video parts take no uuid")
+                videos.append(_part_source(part, kind, f"messages[{i}].content[{j}]"))
+                parts.append({"type": "video"})
             else:
                 raise ValueError(f"messages[{i}].content[{j}] has unsupported type {kind!r}")
         conv.append({"role": msg["role"], "content": parts, **extra})
-    return conv, images, uuids
+    return conv, images, uuids, videos
 
 
 def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +166,11 @@ def normalize_content(conv: list[dict[str, Any]], template: ChatTemplate) -> lis
 
 
 def _as_text(parts: list[dict[str, Any]], placeholder: str | None) -> str:
+    if any(p["type"] == "video" for p in parts):
+        raise ValueError(
+            "the chat template reads message content as text, so it cannot place a video; use"
+            " a template that loops over content parts"
+        )
     text = "\n".join(p["text"] for p in parts if p["type"] == "text")
     num_images = sum(p["type"] == "image" for p in parts)
     if num_images and placeholder is None:
@@ -201,7 +220,7 @@ def chat_to_prompt(
     options: ChatOptions | None = None,
 ) -> PromptInput:
     """The one chat -> prompt conversion (offline API, server, benchmarks)."""
-    conv, images, uuids = parse_chat_messages(messages)
+    conv, images, uuids, videos = parse_chat_messages(messages)
     prompt = render_chat(tokenizer, conv, template, options)
     has_uuids = any(u is not None for u in uuids)
-    return PromptInput(prompt, images, uuids if has_uuids else None, cache_salt)
+    return PromptInput(prompt, images, uuids if has_uuids else None, cache_salt, videos=videos)

@@ -1,15 +1,18 @@
-"""Admission-side memo: the same encoded image bytes are decoded, hashed and preprocessed once."""
+"""Admission-side memos: the same encoded image (or video) bytes are decoded, hashed and
+preprocessed once."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 DEFAULT_MEMO_BYTES = 256 << 20
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -29,22 +32,23 @@ def _nbytes(data: Any) -> int:
     return int(np.asarray(data).nbytes) if hasattr(data, "__array__") else 64
 
 
-class ProcessedImageMemo:
-    """LRU of PreparedImage keyed by the blake3 of the encoded bytes (or the content hash).
+class ByteBoundedMemo(Generic[V]):
+    """LRU of values keyed by the blake3 of encoded media bytes (or a content hash).
 
-    Invariants: the summed size of held processor outputs stays <= ``max_bytes`` (the least
+    Invariants: the summed ``size_of`` of held values stays <= ``max_bytes`` (the least
     recently used entries go first); keys are only valid for one engine (model id and processor
     kwargs are fixed there); safe to use from several admission threads at once.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
+    def __init__(self, max_bytes: int, size_of: Callable[[V], int]) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, tuple[PreparedImage, int]] = OrderedDict()
+        self.size_of = size_of
+        self._entries: OrderedDict[str, tuple[V, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
 
-    def get(self, key: str) -> PreparedImage | None:
+    def get(self, key: str) -> V | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -53,8 +57,8 @@ class ProcessedImageMemo:
             self.hits += 1
             return entry[0]
 
-    def put(self, key: str, prepared: PreparedImage) -> None:
-        size = _nbytes(prepared.data)
+    def put(self, key: str, prepared: V) -> None:
+        size = self.size_of(prepared)
         if size > self.max_bytes:
             return
         with self._lock:
@@ -65,3 +69,10 @@ class ProcessedImageMemo:
             while self._bytes > self.max_bytes:
                 _, (_, evicted) = self._entries.popitem(last=False)
                 self._bytes -= evicted
+
+
+class ProcessedImageMemo(ByteBoundedMemo[PreparedImage]):
+    """``ByteBoundedMemo`` of ``PreparedImage``s, sized by their processor outputs."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
+        super().__init__(max_bytes, lambda prepared: _nbytes(prepared.data))

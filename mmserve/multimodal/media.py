@@ -15,11 +15,20 @@ if TYPE_CHECKING:
     from mmserve.multimodal.media_fetch import MediaFetcher
 
 MAX_IMAGE_BYTES = 20 << 20
+MAX_VIDEO_BYTES = 128 << 20
 MAX_IMAGE_PIXELS = 6000 * 6000
 
 
-class ImageTooLargeError(ValueError):
+class MediaTooLargeError(ValueError):
+    """An image or video exceeds a size limit (HTTP 413 at the server)."""
+
+
+class ImageTooLargeError(MediaTooLargeError):
     """The image exceeds a byte or pixel limit (HTTP 413 at the server)."""
+
+
+class VideoTooLargeError(MediaTooLargeError):
+    """The video exceeds a byte, length, frame or time limit (HTTP 413 at the server)."""
 
 
 def load_image(source: Any, fetcher: MediaFetcher | None = None) -> Image.Image:

@@ -22,18 +22,25 @@ from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from mmserve.multimodal.media import MAX_IMAGE_BYTES, ImageTooLargeError
+from mmserve.multimodal.media import (
+    MAX_IMAGE_BYTES,
+    MAX_VIDEO_BYTES,
+    ImageTooLargeError,
+    MediaTooLargeError,
+    VideoTooLargeError,
+)
 
 logger = logging.getLogger(__name__)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+MediaKind = Literal["image", "video"]
 
 #: Cloud instance-metadata endpoints (AWS/GCP/Azure, ECS, AWS time, Alibaba, Oracle, Azure
 #: WireServer, AWS IPv6):
@@ -71,22 +78,30 @@ def _shown(source: str) -> str:
     return source if len(source) <= 120 else source[:117] + "..."
 
 
-def _failure(source: str, reason: str | Exception, local: bool = False) -> MediaFetchError:
+def _failure(
+    source: str, reason: str | Exception, local: bool = False, kind: MediaKind = "image"
+) -> MediaFetchError:
     """Log the real reason; return the uniform client-facing error."""
     if isinstance(reason, Exception) and not isinstance(reason, _Refused):
         reason = f"{type(reason).__name__}: {reason}"
     logger.warning("media fetch of %r failed: %s", source[:2000], reason)
-    what = "could not read local image" if local else "could not fetch image from"
+    what = f"could not read local {kind}" if local else f"could not fetch {kind} from"
     return MediaFetchError(f"{what} {_shown(source)}")
+
+
+def _too_large(kind: MediaKind, message: str) -> MediaTooLargeError:
+    return (VideoTooLargeError if kind == "video" else ImageTooLargeError)(f"{kind} {message}")
 
 
 @dataclass(frozen=True)
 class MediaFetchPolicy:
     """What the server may fetch media from, and within which limits.
 
-    Invariants (``__post_init__``): limits and timeouts are positive; ``allowed_domains`` is None
-    or a frozenset of lowercase names without trailing dot; ``allowed_networks`` is a tuple of
-    networks (CIDR strings are parsed); ``allowed_local_path`` is None, a bool or a Path.
+    ``max_bytes`` / ``max_data_url_bytes`` bound an image, ``max_video_bytes`` a video (any
+    source). Invariants (``__post_init__``): limits and timeouts are positive;
+    ``allowed_domains`` is None or a frozenset of lowercase names without trailing dot;
+    ``allowed_networks`` is a tuple of networks (CIDR strings are parsed);
+    ``allowed_local_path`` is None, a bool or a Path.
     """
 
     allowed_domains: frozenset[str] | None = None
@@ -94,6 +109,7 @@ class MediaFetchPolicy:
     allowed_local_path: Path | bool | None = None
     max_bytes: int = MAX_IMAGE_BYTES
     max_data_url_bytes: int = MAX_IMAGE_BYTES
+    max_video_bytes: int = MAX_VIDEO_BYTES
     max_redirects: int = 3
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
@@ -101,7 +117,8 @@ class MediaFetchPolicy:
     max_concurrent_fetches: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_data_url_bytes", "max_concurrent_fetches", "max_redirects"):
+        counts = ("max_bytes", "max_data_url_bytes", "max_video_bytes", "max_concurrent_fetches")
+        for name in (*counts, "max_redirects"):
             value, low = getattr(self, name), 0 if name == "max_redirects" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -178,7 +195,8 @@ class MediaFetcher:
     Invariants: a connection is only opened to an address that passed :func:`address_refusal`
     for the hop's host, resolved exactly once per hop; at most ``max_concurrent_fetches`` fetches
     run at once on the shared client; every failure is a :class:`MediaFetchError`
-    with a uniform message, except size limits (:class:`ImageTooLargeError`). The shared async
+    with a uniform message per media kind, except size limits (:class:`ImageTooLargeError`,
+    :class:`VideoTooLargeError`). The shared async
     client belongs to the first event loop that fetches; :meth:`load_blocking` uses its own.
     """
 
@@ -198,13 +216,19 @@ class MediaFetcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
-    async def load(self, source: str) -> bytes:
+    def max_bytes(self, kind: MediaKind, data_url: bool = False) -> int:
+        p = self.policy
+        if kind == "video":
+            return p.max_video_bytes
+        return p.max_data_url_bytes if data_url else p.max_bytes
+
+    async def load(self, source: str, kind: MediaKind = "image") -> bytes:
         """The bytes behind a data URL, http(s) URL, file:// URL or plain local path."""
         if is_http_url(source):
-            return await self.fetch(source)
-        return await asyncio.to_thread(self.read_offline, source)
+            return await self.fetch(source, kind)
+        return await asyncio.to_thread(self.read_offline, source, kind)
 
-    async def fetch(self, url: str) -> bytes:
+    async def fetch(self, url: str, kind: MediaKind = "image") -> bytes:
         """GET an http(s) URL under the policy (addresses, redirects, size, time)."""
         loop = asyncio.get_running_loop()
         if self._closed:
@@ -213,30 +237,30 @@ class MediaFetcher:
             self._client, self._loop = self._new_client(), loop
         elif self._loop is not loop:
             raise RuntimeError("MediaFetcher is bound to another event loop; use load_blocking()")
-        return await self._guarded_fetch(url, self._client, self._semaphore)
+        return await self._guarded_fetch(url, self._client, self._semaphore, kind)
 
-    def load_blocking(self, source: str) -> bytes:
+    def load_blocking(self, source: str, kind: MediaKind = "image") -> bytes:
         """Same as :meth:`load` for synchronous callers, with or without a running loop here:
         data URLs and local files are read right here, fetches get a client of their own."""
         if not is_http_url(source):
-            return self.read_offline(source)
+            return self.read_offline(source, kind)
         if self._closed:
             raise RuntimeError("MediaFetcher is closed")
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self._fetch_private(source))
+            return asyncio.run(self._fetch_private(source, kind))
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="media-load") as pool:
-            return pool.submit(lambda: asyncio.run(self._fetch_private(source))).result()
+            return pool.submit(lambda: asyncio.run(self._fetch_private(source, kind))).result()
 
-    def read_offline(self, source: str) -> bytes:
+    def read_offline(self, source: str, kind: MediaKind = "image") -> bytes:
         """Blocking: a data URL or an allowed local file (never the network)."""
         if source[:5].lower() == "data:":
-            return self._data_url_bytes(source)
+            return self._data_url_bytes(source, kind)
         scheme = source.partition("://")[0].lower() if "://" in source else ""
         if scheme not in ("", "file") or self.policy.allowed_local_path in (None, False):
-            raise _failure(source, f"scheme {scheme!r} or local files not allowed")
-        return self._read_local(source, scheme == "file")
+            raise _failure(source, f"scheme {scheme!r} or local files not allowed", kind=kind)
+        return self._read_local(source, scheme == "file", kind)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -244,10 +268,10 @@ class MediaFetcher:
             await self._client.aclose()
         self._dns_pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _fetch_private(self, url: str) -> bytes:
+    async def _fetch_private(self, url: str, kind: MediaKind) -> bytes:
         async with self._new_client() as client:
             no_slot = contextlib.nullcontext()  # blocking callers are bounded by their threads
-            return await self._guarded_fetch(url, client, no_slot)
+            return await self._guarded_fetch(url, client, no_slot, kind)
 
     def _new_client(self) -> httpx.AsyncClient:
         p = self.policy
@@ -263,19 +287,24 @@ class MediaFetcher:
             limits=limits,
         )  # fmt: skip
 
-    async def _guarded_fetch(self, url: str, client: httpx.AsyncClient, slot: Any) -> bytes:
+    async def _guarded_fetch(
+        self, url: str, client: httpx.AsyncClient, slot: Any, kind: MediaKind
+    ) -> bytes:
         """The whole fetch, slot wait included, under the total deadline; uniform failures."""
         try:
-            coro = self._fetch_hops(url, client, slot)
+            coro = self._fetch_hops(url, client, slot, kind)
             return await asyncio.wait_for(coro, self.policy.total_timeout_s)
-        except ImageTooLargeError:
+        except MediaTooLargeError:
             raise
         except (asyncio.TimeoutError, TimeoutError):
-            raise _failure(url, f"total timeout of {self.policy.total_timeout_s} s") from None
+            timeout = f"total timeout of {self.policy.total_timeout_s} s"
+            raise _failure(url, timeout, kind=kind) from None
         except Exception as exc:  # refusal, DNS, connect, TLS, protocol, bad URL: all look alike
-            raise _failure(url, exc) from None
+            raise _failure(url, exc, kind=kind) from None
 
-    async def _fetch_hops(self, url: str, client: httpx.AsyncClient, slot: Any) -> bytes:
+    async def _fetch_hops(
+        self, url: str, client: httpx.AsyncClient, slot: Any, kind: MediaKind
+    ) -> bytes:
         if len(url) > MAX_URL_CHARS:  # parsing a huge URL would stall the event loop
             raise _Refused(f"URL longer than {MAX_URL_CHARS} characters")
         async with slot:
@@ -291,7 +320,7 @@ class MediaFetcher:
                         continue
                     if status != 200:
                         raise _Refused(f"{current} answered HTTP {status}")
-                    return await self._read_body(response, url)
+                    return await self._read_body(response, url, kind)
                 finally:
                     await response.aclose()
             raise _Refused(f"more than {self.policy.max_redirects} redirects")
@@ -328,9 +357,9 @@ class MediaFetcher:
                     raise
         raise AssertionError("unreachable")
 
-    async def _read_body(self, response: httpx.Response, url: str) -> bytes:
-        limit = self.policy.max_bytes
-        too_large = ImageTooLargeError(f"image at {_shown(url)} exceeds {limit} bytes")
+    async def _read_body(self, response: httpx.Response, url: str, kind: MediaKind) -> bytes:
+        limit = self.max_bytes(kind)
+        too_large = _too_large(kind, f"at {_shown(url)} exceeds {limit} bytes")
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # no decompression bombs: raw bytes only
             raise _Refused(f"unrequested Content-Encoding {encoding!r}")
@@ -352,25 +381,25 @@ class MediaFetcher:
         )
         return [str(info[4][0]) for info in infos]
 
-    def _data_url_bytes(self, url: str) -> bytes:
-        limit = self.policy.max_data_url_bytes
+    def _data_url_bytes(self, url: str, kind: MediaKind) -> bytes:
+        limit = self.max_bytes(kind, data_url=True)
         header, sep, payload = url.partition(",")
         if not sep or not header.lower().endswith(";base64"):
-            raise MediaFetchError("image data URL must look like data:<mime>;base64,<data>")
+            raise MediaFetchError(f"{kind} data URL must look like data:<mime>;base64,<data>")
         if len(payload) > 4 * -(-limit // 3):  # before decoding anything
-            raise ImageTooLargeError(f"image data URL exceeds {limit} bytes")
+            raise _too_large(kind, f"data URL exceeds {limit} bytes")
         try:
             data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
-            raise MediaFetchError("invalid base64 in image data URL") from None
+            raise MediaFetchError(f"invalid base64 in {kind} data URL") from None
         if len(data) > limit:
-            raise ImageTooLargeError(f"image data URL exceeds {limit} bytes")
+            raise _too_large(kind, f"data URL exceeds {limit} bytes")
         return data
 
-    def _read_local(self, source: str, is_url: bool) -> bytes:
+    def _read_local(self, source: str, is_url: bool, kind: MediaKind) -> bytes:
         """Blocking: a local file allowed by the policy; one message for every failure."""
-        allowed, limit = self.policy.allowed_local_path, self.policy.max_bytes
-        too_large = ImageTooLargeError(f"image at {_shown(source)} exceeds {limit} bytes")
+        allowed, limit = self.policy.allowed_local_path, self.max_bytes(kind)
+        too_large = _too_large(kind, f"at {_shown(source)} exceeds {limit} bytes")
         try:
             if is_url:
                 parts = urlsplit(source)
@@ -391,10 +420,10 @@ class MediaFetcher:
                 if info.st_size > limit:
                     raise too_large
                 data = f.read(limit + 1)
-        except ImageTooLargeError:
+        except MediaTooLargeError:
             raise
         except (_Refused, OSError, ValueError, RuntimeError) as exc:
-            raise _failure(source, exc, local=True) from None
+            raise _failure(source, exc, local=True, kind=kind) from None
         if len(data) > limit:
             raise too_large
         return data

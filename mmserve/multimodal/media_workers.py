@@ -3,7 +3,8 @@
 Decoding, hashing and preprocessing a 4K image takes ~200 ms of CPU and holds the GIL in 5-10 ms
 slices; in the server process that stalls the engine thread and every stream. Spawned worker
 processes (niced) run ``ImagePreparer.prepare`` instead; only the image's bytes go in and the
-processor output comes back.
+processor output comes back. Videos are decoded there too (``VideoLoader.load``): the encoded
+bytes and the sampling settings go in, the sampled frames come back.
 """
 
 from __future__ import annotations
@@ -16,27 +17,43 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
+from mmserve.inputs import VideoFrames
 from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.processor import InputProcessor
+from mmserve.multimodal.video import VideoLimits
+from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.video_source import VideoLoader
 
 logger = logging.getLogger(__name__)
 
 WORKER_NICE = 10
 _preparer: ImagePreparer | None = None  # one per worker process
+_videos: VideoLoader | None = None
 
 
 def _init_worker(
-    model_config: Any, image_processor: Any, media_policy: Any, preprocessing: str
+    model_config: Any,
+    image_processor: Any,
+    media_policy: Any,
+    preprocessing: str,
+    video_sampling: VideoSampling,
+    video_limits: VideoLimits,
 ) -> None:
-    global _preparer
+    global _preparer, _videos
     os.nice(WORKER_NICE)
     _preparer = ImagePreparer(model_config, image_processor, media_policy, preprocessing)
+    _videos = VideoLoader(media_policy, video_sampling, video_limits)
 
 
 def _prepare(source: bytes | str) -> PreparedImage:
     assert _preparer is not None
     return _preparer.prepare(source)
+
+
+def _load_video(source: bytes | str, sampling: VideoSampling) -> VideoFrames:
+    assert _videos is not None
+    return _videos.load(source, sampling)
 
 
 class MediaWorkers:
@@ -67,23 +84,32 @@ class MediaWorkers:
                     preparer.image_processor,
                     preparer.media_policy,
                     preparer.preprocessing,
+                    self.processor.video_loader.sampling,
+                    self.processor.video_loader.limits,
                 ),
             )
 
     async def run(self, source: bytes | str) -> PreparedImage:
         """Prepare encoded bytes, a data URL or a local path (under the media policy)."""
+        return await self._submit("image preprocessing", _prepare, source)
+
+    async def run_video(self, source: bytes | str, sampling: VideoSampling) -> VideoFrames:
+        """Decode and sample encoded video bytes, a data URL or a local path."""
+        return await self._submit("video decoding", _load_video, source, sampling)
+
+    async def _submit(self, what: str, fn: Any, *args: Any) -> Any:
         self.start()
         pool = self._pool
         if pool is None:
             raise RuntimeError("the media workers are shut down")
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, _prepare, source)
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except BrokenProcessPool:
             logger.error("a media worker process died; starting a new pool")
             if self._pool is pool:
                 self._pool = None
             pool.shutdown(wait=False, cancel_futures=True)
-            raise RuntimeError("image preprocessing failed (worker process died)") from None
+            raise RuntimeError(f"{what} failed (worker process died)") from None
 
     def shutdown(self) -> None:
         self._closed = True

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.inputs import MultiModalItem, ProcessedPrompt, VideoFrames
 from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
@@ -21,6 +21,13 @@ from mmserve.multimodal.qwen3_video import timestamp_tokens
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
 from mmserve.multimodal.video_inputs import VideoInputs
 from mmserve.multimodal.video_prep import PreparedVideo
+from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.video_source import (
+    VideoLoader,
+    VideoMemo,
+    is_encoded,
+    video_memo_key,
+)
 
 
 class InputProcessor:
@@ -42,7 +49,7 @@ class InputProcessor:
         max_videos: int = 0,
     ) -> None:
         """``load_image_processor``: merged processor kwargs -> image processor (needed for
-        per-request ``mm_processor_kwargs``)."""
+        per-request ``mm_processor_kwargs``); ``max_videos``: videos per prompt."""
         self.model_config = model_config
         self.hf_config = model_config.hf_config
         self.tokenizer = tokenizer
@@ -51,6 +58,11 @@ class InputProcessor:
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
+        sampling = VideoSampling.from_checkpoint(
+            model_config.path, image_processor, model_config.processor_kwargs
+        )
+        self.video_loader = VideoLoader(media_policy, sampling)
+        self.video_memo = VideoMemo()
         glue = self.preparer.image_inputs
         self.image_text = (
             glue.image_text(tokenizer, model_config) if glue and glue.image_text else None
@@ -109,7 +121,8 @@ class InputProcessor:
             if is_video:
                 video = videos[i]
                 if not isinstance(video, PreparedVideo):
-                    video = self.prepare_video(video, mm_kwargs, cache_salt)
+                    decoded = self.load_video(video, cache_salt, mm_kwargs)
+                    video = self.prepare_video(decoded, mm_kwargs, cache_salt)
                 starts = None
                 if video.timestamps:  # Qwen3-VL: "<t seconds>" text around every group
                     expansion, starts = timestamp_tokens(
@@ -224,7 +237,33 @@ class InputProcessor:
         """A request's ``mm_processor_kwargs`` merged over the engine's, or None when they
         change nothing; ValueError naming the field for bad keys or values."""
         mc = self.model_config
-        return check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
+        merged = check_request_kwargs(mc.architecture, mc.processor_kwargs, mm_kwargs)
+        if merged is not None and self.videos.accepted:
+            self.video_loader.sampling_for(merged)  # checks the video settings they make
+        return merged
+
+    def video_sampling(self, mm_kwargs: Any = None) -> VideoSampling:
+        """The frame sampling of a request with these ``mm_processor_kwargs``."""
+        return self.video_loader.sampling_for(self.check_mm_kwargs(mm_kwargs))
+
+    def load_video(
+        self, source: Any, cache_salt: str | None = None, mm_kwargs: Any = None
+    ) -> VideoFrames:
+        """Read, decode and sample one video (any ``video_source`` input; frames are checked),
+        or take it from the memo when these exact bytes were seen before by the same tenant
+        with the same sampling. Thread-safe; blocking (never call it on the event loop)."""
+        if not self.videos.accepted:
+            raise ValueError("this model does not accept videos")
+        sampling = self.video_sampling(mm_kwargs)
+        if not is_encoded(source):
+            return self.video_loader.load(source, sampling)
+        raw = source if isinstance(source, bytes) else self.video_loader.read(source)
+        key = video_memo_key(raw, sampling, cache_salt)
+        video = self.video_memo.get(key)
+        if video is None:
+            video = self.video_loader.load(raw, sampling)
+            self.video_memo.put(key, video)
+        return video
 
     def item_key(
         self,

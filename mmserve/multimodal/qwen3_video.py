@@ -71,7 +71,9 @@ class Qwen3VideoSettings(VideoSettings):
         total = len(frames.frames)
         if not self.do_sample_frames:
             return frames
-        num = int(total / frames.fps * self.fps)
+        # the tolerance keeps frames the engine's decoder sampled at this rate (their rate can
+        # come out a rounding error above it) from being sampled again
+        num = int(total / frames.fps * self.fps + 1e-6)
         num = min(max(num, self.min_frames), self.max_frames, total)
         if num == total:
             return frames

@@ -4,7 +4,8 @@
 A request's kwargs are merged over the engine's ``--mm-processor-kwargs``; the merged dict is
 what the image's content hash (and so its encoder-cache key and the prefix-cache block hashes)
 includes, so two requests with the same image and different kwargs never share embeddings or
-KV blocks.
+KV blocks. The video sampling keys (``video_sampling.VIDEO_KWARGS``: ``fps``, ``num_frames``,
+``min_frames``, ``max_frames``) are merged the same way but do not select an image preparer.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image_prep import ImagePreparer
+from mmserve.multimodal.video_sampling import VIDEO_KWARGS
 
 FIELD = "mm_processor_kwargs"
 _PIXELS = ("min_pixels", "max_pixels")
 # architecture -> the image processor settings a request may change (vLLM's for these models)
 REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "LlavaForConditionalGeneration": (),
-    "Qwen2VLForConditionalGeneration": _PIXELS,
-    "Qwen2_5_VLForConditionalGeneration": _PIXELS,
+    "Qwen2VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
+    "Qwen2_5_VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Qwen3VLForConditionalGeneration": _PIXELS,
     "Gemma3ForConditionalGeneration": ("do_pan_and_scan",),
 }
@@ -34,6 +36,11 @@ MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used 
 
 def canonical(kwargs: Mapping[str, Any]) -> str:
     return json.dumps(dict(kwargs), sort_keys=True, default=str)
+
+
+def without_sampling(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the video sampling keys (what the image and video processors read)."""
+    return {k: v for k, v in kwargs.items() if k not in VIDEO_KWARGS}
 
 
 def check_request_kwargs(
@@ -56,6 +63,8 @@ def check_request_kwargs(
             raise ValueError(f"{FIELD}: {key} must be a positive integer, got {value!r}")
         if key == "do_pan_and_scan" and type(value) is not bool:
             raise ValueError(f"{FIELD}: {key} must be true or false, got {value!r}")
+    if kwargs.get("fps") is not None and kwargs.get("num_frames") is not None:
+        raise ValueError(f"{FIELD}: fps and num_frames exclude each other")
     merged = {**engine_kwargs, **kwargs}
     if all(key in merged for key in _PIXELS) and merged["min_pixels"] > merged["max_pixels"]:
         raise ValueError(
@@ -80,6 +89,10 @@ class PreparerCache:
         self._lock = threading.Lock()
 
     def get(self, merged: dict[str, Any] | None) -> ImagePreparer:
+        if merged is not None:  # video sampling settings do not change the image processor
+            merged = without_sampling(merged)
+            if merged == without_sampling(self.base.model_config.processor_kwargs):
+                merged = None
         if merged is None:
             return self.base
         key = canonical(merged)

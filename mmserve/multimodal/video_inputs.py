@@ -10,7 +10,7 @@ from typing import Any
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image_memo import DEFAULT_MEMO_BYTES
 from mmserve.multimodal.qwen3_video import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
-from mmserve.multimodal.request_kwargs import canonical
+from mmserve.multimodal.request_kwargs import canonical, without_sampling
 from mmserve.multimodal.video_prep import PreparedVideo, checked_video, hash_video, preprocessed
 from mmserve.multimodal.video_processing import (
     VIDEO_ARCHITECTURES,
@@ -51,6 +51,7 @@ class VideoInputs:
         """Settings of the engine's processor kwargs, or of ``merged_kwargs`` when given."""
         mc = self.model_config
         kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
+        kwargs = without_sampling(kwargs)  # fps & co. pick frames: one setting for all values
         key = canonical(kwargs)
         with self._lock:
             found = self._settings.get(key)

@@ -12,9 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mmserve.arg_types import parse_bytes
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.limits import add_limit_flags
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
+from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
 
 DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -111,11 +113,11 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--media-workers",
         type=int,
         default=None,
-        help="worker processes that decode, hash and preprocess images (niced, off the server's"
-        " GIL); 0 runs them in threads of the server process (default: half the cores, at"
-        " least 1, at most 4)",
+        help="worker processes that decode, hash and preprocess images and decode videos"
+        " (niced, off the server's GIL); 0 runs them in threads of the server process"
+        " (default: half the cores, at least 1, at most 4)",
     )
-    m = p.add_argument_group("media fetching (image URLs)")
+    m = p.add_argument_group("media fetching (image and video URLs)")
     m.add_argument(
         "--allowed-local-media-path",
         default=None,
@@ -148,10 +150,18 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         default=16,
         help="image downloads in flight at once (default: %(default)s)",
     )
+    m.add_argument(
+        "--max-video-bytes",
+        type=parse_bytes,
+        default=None,
+        help="largest video accepted from any source (URL, data URL, file), e.g. 256MiB"
+        " (default: 128 MiB; images: 20 MiB)",
+    )
     add_limit_flags(p)
     engine = p.add_argument_group("engine (the same names as LLM(...) arguments)")
     EngineArgs.add_cli_args(engine, exclude=("model",))
     add_vllm_flags(p)
+    add_ray_flags(p)
     p.add_argument(
         "--disable-uvicorn-access-log",
         action="store_true",
@@ -207,6 +217,7 @@ def media_policy(args: argparse.Namespace) -> Any:
         allowed_local_path=local,
         total_timeout_s=args.media_fetch_timeout,
         max_concurrent_fetches=args.max_concurrent_media_fetches,
+        **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),
     )
 
 
@@ -234,6 +245,9 @@ def run_server(args: argparse.Namespace) -> int:
     """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
     engine_args(args)  # settings errors before torch is imported
     check_server_flags(args)
+    check_ray_flags(args)
+    if wants_ray(args):  # by name: Ray is imported only here (the `mmserve[ray]` extra)
+        return int(importlib.import_module("mmserve.entrypoints.ray.launch").run(args))
     # by name: the flags module stays free of the server's imports (and of an import cycle)
     server = importlib.import_module("mmserve.entrypoints.openai.server")
     return int(server.run(args))

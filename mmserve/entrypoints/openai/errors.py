@@ -1,6 +1,7 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` for every failure.
 
-Status mapping: ValueError / pydantic validation -> 400, ``ImageTooLargeError`` -> 413, bad or
+Status mapping: ValueError / pydantic validation -> 400, ``MediaTooLargeError`` (an image or a
+video over a limit) -> 413, bad or
 missing API key -> 401, unknown model -> 404, overload / shutdown -> 503, engine failure and
 anything unexpected -> 500 with a generic message (the traceback goes to the log only).
 """
@@ -25,7 +26,7 @@ from mmserve.engine.errors import (
 )
 from mmserve.entrypoints.openai.json_guard import GuardBusy
 from mmserve.entrypoints.openai.limits import LimitExceeded
-from mmserve.multimodal.media import ImageTooLargeError
+from mmserve.multimodal.media import MediaTooLargeError, VideoTooLargeError
 
 
 class ClientGone(Exception):
@@ -128,11 +129,11 @@ def validation_error(errors: list[Any]) -> APIError:
 
 
 def _is_too_large(exc: BaseException) -> bool:
-    """ImageTooLargeError, or a ValueError raised while handling PIL's DecompressionBombError
+    """MediaTooLargeError, or a ValueError raised while handling PIL's DecompressionBombError
     (``media`` re-raises that one as a plain ValueError ``from None``; ``__context__`` keeps it)."""
     seen = 0
     while exc is not None and seen < 8:
-        if isinstance(exc, (ImageTooLargeError, Image.DecompressionBombError)):
+        if isinstance(exc, (MediaTooLargeError, Image.DecompressionBombError)):
             return True
         exc, seen = exc.__context__, seen + 1  # type: ignore[assignment]
     return False
@@ -149,7 +150,8 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, GuardBusy):
         return APIError(503, str(exc), code="overloaded")
     if isinstance(exc, ValueError) and _is_too_large(exc):
-        return APIError(413, str(exc), code="image_too_large")
+        code = "video_too_large" if isinstance(exc, VideoTooLargeError) else "image_too_large"
+        return APIError(413, str(exc), code=code)
     if isinstance(exc, ValidationError):
         return validation_error(exc.errors(include_url=False))
     if isinstance(exc, ValueError):

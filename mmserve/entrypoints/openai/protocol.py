@@ -6,7 +6,7 @@ fields mmserve does not implement are accepted only at their neutral values), so
 silently ignored. vLLM extensions implemented: ``top_k`` (-1 or 0 disables), ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, per-part ``uuid``,
 ``cache_salt`` (scopes prefix- and encoder-cache hits to requests with the same salt),
-``prompt_logprobs``, ``mm_processor_kwargs`` (chat).
+``prompt_logprobs``, ``mm_processor_kwargs`` (chat), ``video_url`` content parts.
 """
 
 from __future__ import annotations
@@ -40,7 +40,17 @@ class ImageURLPart(BaseModel):
     uuid: str | None = None  # stable id replacing the content hash as the encoder-cache key
 
 
-ContentPart = Annotated[TextPart | ImageURLPart, Field(discriminator="type")]
+class VideoURL(BaseModel):
+    url: str
+
+
+class VideoURLPart(BaseModel):
+    type: Literal["video_url"]
+    video_url: VideoURL | str
+    uuid: str | None = None  # refused (not supported for videos), not ignored
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
 
 
 class ToolCallFunction(BaseModel):

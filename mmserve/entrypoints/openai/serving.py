@@ -110,6 +110,7 @@ class OpenAIServing:
             rid,
             req.cache_salt,
             req.mm_processor_kwargs,
+            inp.videos,
         )
         return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}", tools)
 

@@ -114,7 +114,9 @@ class TokenizeHandler:
             # the engine's own admission: image placeholders expanded as a generation's are
             mm_kwargs = req.mm_processor_kwargs
             self.serving.check_mm_kwargs(mm_kwargs)
-            processed = await engine.admission.admit(prompt, inp.images, inp.uuids, None, mm_kwargs)
+            processed = await engine.admission.admit(
+                prompt, inp.images, inp.uuids, None, mm_kwargs, inp.videos
+            )
             tokens = list(processed.prompt_token_ids)
         else:
             special = req.add_special_tokens is not False

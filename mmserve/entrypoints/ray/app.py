@@ -1,0 +1,154 @@
+"""The Ray Serve application: an OpenAI ingress deployment in front of engine replicas.
+
+``build_app(args)`` takes parsed ``mmserve serve`` flags; ``app_builder(config)`` takes the
+same settings as a dict (``serve run`` / ``serve deploy`` config files, see docs/ray.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
+
+from mmserve.engine.admission import AdmissionExecutors
+from mmserve.engine_args import EngineArgs
+from mmserve.entrypoints.openai.app import HTTPPolicy
+from mmserve.entrypoints.openai.app import build_app as build_openai_app
+from mmserve.entrypoints.openai.cli_args import (
+    add_serve_parser,
+    check_server_flags,
+    engine_args,
+    media_policy,
+)
+from mmserve.entrypoints.openai.limits import limits_from_args
+from mmserve.entrypoints.ray.flags import check_ray_flags
+from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
+from mmserve.entrypoints.ray.replica import EngineReplica
+from mmserve.entrypoints.ray.routed_engine import RoutedEngine
+from mmserve.multimodal.media_fetch import MediaFetcher
+from mmserve.multimodal.media_workers import MediaWorkers
+
+ROUTER_CLASS = "mmserve.entrypoints.ray.router.ImageAffinityRouter"
+HEALTH_CHECK_PERIOD_S = 5.0
+INGRESS_MAX_ONGOING = 4096
+
+
+@serve.ingress()
+class OpenAIIngress:
+    """mmserve's own OpenAI app (same routes, errors, streaming) around a ``RoutedEngine``,
+    plus ``GET /cluster``: per-replica and total engine counters and the routing decisions."""
+
+    def __init__(self, replicas: DeploymentHandle, args: argparse.Namespace) -> None:
+        check_server_flags(args)
+        self.replicas = replicas
+        self.args = args
+
+    async def __serve_build_asgi_app__(self) -> FastAPI:
+        args = self.args
+        settings = engine_args(args)
+        facts = ReplicaFacts(**await self.replicas.describe.remote())
+        fetch_policy = media_policy(args)
+        frontend = FrontendEngine(settings, facts, fetch_policy)
+        executors = AdmissionExecutors.sized_for(args.text_workers)
+        processes = executors.media_workers if args.media_workers is None else args.media_workers
+        engine = RoutedEngine(
+            frontend,
+            self.replicas,
+            executors=executors,
+            fetcher=MediaFetcher(fetch_policy),
+            media_workers=MediaWorkers(frontend.processor, processes) if processes else None,
+        )
+        policy = HTTPPolicy(
+            api_key=args.api_key,
+            public_metrics=args.public_metrics,
+            allowed_hosts=tuple(args.allowed_hosts or ()),
+            allowed_origins=tuple(args.allowed_origins or ()),
+            limits=limits_from_args(args),
+        )
+        app = build_openai_app(
+            engine,
+            served_model_names=list(args.served_model_name or [args.model]),
+            model_aliases={args.model, str(frontend.config.model.path)},
+            policy=policy,
+            model_root=args.model,
+        )
+
+        @app.get("/cluster")
+        async def cluster() -> dict[str, Any]:
+            return await engine.cluster_stats()
+
+        return app
+
+
+def replica_options(args: argparse.Namespace, settings: EngineArgs) -> dict[str, Any]:
+    """Ray Serve options of the engine deployment from the flags."""
+    options: dict[str, Any] = {
+        "name": "EngineReplica",
+        "ray_actor_options": {"num_cpus": args.replica_cpus},
+        # Ray only queues beyond this; the engine's own bound answers 503 first
+        "max_ongoing_requests": settings.max_num_seqs + (args.max_queued_requests or 0) + 1,
+        "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+        "request_router_config": {
+            "request_router_class": ROUTER_CLASS,
+            "request_router_kwargs": {
+                "load_factor": args.routing_load_factor,
+                "policy": args.routing,
+            },
+        },
+    }
+    if args.ray_autoscaling:
+        options["autoscaling_config"] = dict(args.ray_autoscaling)
+        options["num_replicas"] = "auto"
+    else:
+        options["num_replicas"] = args.replicas or 1
+    return options
+
+
+def build_app(args: argparse.Namespace) -> Application:
+    """The application of parsed ``mmserve serve`` flags (``--replicas`` and friends)."""
+    check_server_flags(args)
+    check_ray_flags(args)
+    settings = engine_args(args)
+    replica = serve.deployment(**replica_options(args, settings))(EngineReplica)
+    threads = max(1, int(args.replica_cpus))
+    replicas = replica.bind(dataclasses.asdict(settings), args.max_queued_requests, threads)
+    ingress = serve.deployment(
+        name="OpenAIIngress",
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+    )(OpenAIIngress)
+    return ingress.bind(replicas, args)
+
+
+def namespace_from_config(config: dict[str, Any]) -> argparse.Namespace:
+    """``serve`` flags from a dict of their names (``max_num_seqs: 8``, ``replicas: 2``),
+    parsed by the CLI's own parser, so a config file is checked exactly like the command."""
+    argv: list[str] = []
+    for name, value in config.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            import json
+
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    parser = argparse.ArgumentParser(prog="mmserve")
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def app_builder(config: dict[str, Any]) -> Application:
+    """``serve run mmserve.entrypoints.ray.app:app_builder model=tiny-llava replicas=2``, or a
+    config file's ``import_path`` with ``args``."""
+    return build_app(namespace_from_config(dict(config)))

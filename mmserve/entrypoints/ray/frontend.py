@@ -1,0 +1,98 @@
+"""``FrontendEngine``: the parts of an ``LLMEngine`` the ingress needs, without the model."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mmserve.engine.chat_template import ChatTemplate
+from mmserve.engine.generation_defaults import build_sampling_params
+from mmserve.engine.grammar import GrammarCompiler
+from mmserve.engine.loading import create_engine_config, load_image_processor, load_tokenizer
+from mmserve.engine_args import EngineArgs
+from mmserve.inputs import ProcessedPrompt
+from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.processor import InputProcessor
+from mmserve.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ReplicaFacts:
+    """What only a loaded engine knows, asked of one replica when the ingress starts."""
+
+    vocab_size: int
+    encoder_cache_capacity: int
+    encoder_budget: int
+
+
+class FrontendEngine:
+    """Tokenizer, chat template, generation defaults, image processor and grammar compiler of
+    the served model (what ``OpenAIServing`` and ``Admission`` read from an ``LLMEngine``), so
+    the ingress admits requests exactly as a single server does: same templates, same item
+    keys, same checks. It runs nothing: ``get_metrics`` is empty and there is no step loop."""
+
+    def __init__(
+        self, settings: EngineArgs, facts: ReplicaFacts, media_policy: MediaFetchPolicy
+    ) -> None:
+        self.config = create_engine_config(settings)
+        mc = self.config.model
+        self.tokenizer = load_tokenizer(mc.path)
+        self.chat_template = ChatTemplate.of(
+            mc.chat_template, mc.chat_template_source, getattr(mc.hf_config, "model_type", None)
+        )
+        self.generation_defaults = dict(mc.generation_defaults)
+        self.processor = InputProcessor(
+            mc,
+            self.tokenizer,
+            load_image_processor(mc.path, mc.processor_kwargs),
+            self.config.scheduler.max_images_per_prompt,
+            media_policy,
+            functools.partial(load_image_processor, mc.path),
+        )
+        self.vocab_size = facts.vocab_size
+        self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
+        self.max_model_len = mc.max_model_len
+        self.encoder_cache_capacity = facts.encoder_cache_capacity
+        self.encoder_budget = facts.encoder_budget
+
+    def process_inputs(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+        cache_salt: str | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+    ) -> ProcessedPrompt:
+        """``LLMEngine.process_inputs``: the same processor and the same refusals."""
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        processed = self.processor.process(prompt, images, uuids, cache_salt, mm_processor_kwargs)
+        n = len(processed.prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {n} tokens, the model's max length is {self.max_model_len}"
+                " (including at least one generated token)"
+            )
+        limit = min(self.encoder_cache_capacity, self.encoder_budget)
+        for item in processed.mm_items:
+            if item.length > limit:
+                raise ValueError(
+                    f"an image needs {item.length} embeddings, more than the encoder cache"
+                    f" ({self.encoder_cache_capacity}) or the per-step encoder budget"
+                    f" ({self.encoder_budget})"
+                )
+        return processed
+
+    def default_sampling_params(self) -> SamplingParams:
+        values = {k: v for k, v in self.generation_defaults.items() if k != "max_tokens"}
+        return build_sampling_params(values)
+
+    def get_metrics(self) -> dict[str, float]:
+        return {}
+
+    store_timeout_s = 0.0  # no encoder store here: the replicas look their items up
+
+    def close(self) -> None:
+        """Nothing to release (``AsyncLLMEngine.shutdown`` closes its engine)."""

@@ -1,0 +1,108 @@
+"""``EngineReplica``: one mmserve engine as a Ray Serve replica (the class; ``app`` deploys it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+
+from mmserve.engine.admission import AdmissionExecutors
+from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.outputs import RequestOutput
+from mmserve.engine_args import EngineArgs
+from mmserve.entrypoints.ray.frontend import ReplicaFacts
+from mmserve.entrypoints.ray.rendezvous import RouteKey
+from mmserve.inputs import ProcessedPrompt
+from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def replica_id() -> str:
+    from ray import serve
+
+    return str(serve.get_replica_context().replica_id.unique_id)
+
+
+class EngineReplica:
+    """An ``LLMEngine`` and its loop thread, fed prompts the ingress admitted.
+
+    Requests arrive as ``ProcessedPrompt`` (token ids, salted item keys, preprocessed pixels):
+    the replica does not fetch, decode or hash again, and trusts the keys because only the
+    ingress holds this deployment's handle (it has no HTTP route). Every ``EngineArgs`` field
+    passes through unchanged (the encoder store's settings included). Ray Serve's health check
+    is the engine's: a dead engine loop makes Serve replace the replica. ``route`` is read by
+    the router only.
+    """
+
+    def __init__(
+        self,
+        engine_args: dict[str, Any],
+        max_queued_requests: int | None = None,
+        torch_threads: int | None = None,
+    ) -> None:
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        settings = EngineArgs(**engine_args)
+        no_media = MediaFetchPolicy(allowed_local_path=None)  # pixels come from the ingress
+        self.llm = LLMEngine.from_engine_args(settings, media_policy=no_media)
+        self.engine = AsyncLLMEngine(
+            self.llm,
+            max_queued_requests=max_queued_requests,
+            executors=AdmissionExecutors(1, 1),
+        )
+        self.requests = 0
+        logger.info("engine replica %s ready (%s)", replica_id(), settings.model)
+
+    def describe(self, route: RouteKey | None = None) -> dict[str, int]:
+        facts = ReplicaFacts(
+            vocab_size=self.llm.vocab_size,
+            encoder_cache_capacity=self.llm.scheduler.encoder_cache.capacity,
+            encoder_budget=self.llm.encoder_budget,
+        )
+        return dataclasses.asdict(facts)
+
+    async def generate(
+        self,
+        processed: ProcessedPrompt,
+        params: SamplingParams,
+        request_id: str,
+        prompt_text: str | None,
+        route: RouteKey | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        self.requests += 1
+        await self._look_up_store(processed)
+        prompt = prompt_text if prompt_text is not None else processed.prompt_token_ids
+        async for out in self.engine.generate(
+            prompt, (), None, params, request_id, processed=processed
+        ):
+            yield out
+
+    async def _look_up_store(self, processed: ProcessedPrompt) -> None:
+        """What ``LLMEngine.process_inputs`` + ``Admission.admit`` do for a local prompt: ask
+        the encoder store (the replicas' shared L3) for its items, up to the store deadline;
+        hits are loaded instead of encoded."""
+        store = self.llm.store
+        if store is None or not processed.mm_items:
+            return
+        cached = self.llm.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
+        processed.store_lookup = lookup = store.lookup(processed.mm_items, cached)
+        if lookup is not None:  # None: every item is in this replica's cache
+            await lookup.wait_async(self.llm.store_timeout_s)
+
+    def stats(self, route: RouteKey | None = None) -> dict[str, Any]:
+        """This replica's engine counters (``mmserve_*`` metric names without the prefix)."""
+        return {"replica": replica_id(), "requests": self.requests, **self.engine.get_metrics()}
+
+    def check_health(self) -> None:
+        self.engine.check_health()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

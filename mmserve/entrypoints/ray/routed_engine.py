@@ -1,0 +1,169 @@
+"""``RoutedEngine``: the ingress' engine; admission here, generation on a replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
+
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from mmserve.engine.admission import AdmissionExecutors
+from mmserve.engine.async_engine import AsyncLLMEngine, ParamsLike
+from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
+from mmserve.engine.metrics import RequestTimer
+from mmserve.engine.outputs import RequestOutput
+from mmserve.entrypoints.ray.frontend import FrontendEngine
+from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
+from mmserve.entrypoints.ray.routing_stats import ROUTING
+from mmserve.inputs import ProcessedPrompt
+from mmserve.multimodal.media_fetch import MediaFetcher
+from mmserve.multimodal.media_workers import MediaWorkers
+
+logger = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 10.0
+GAUGES_NOT_SUMMED = frozenset({"kv_block_size"})
+
+
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """The replica's own exception (its type and message map to the same HTTP answer as on a
+    single server); a dead replica or Serve's back-pressure as the engine errors they mean."""
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, Exception):
+        return exc.cause
+    if isinstance(exc, BackPressureError):
+        return EngineOverloadedError("the engine replicas are overloaded; retry later")
+    if isinstance(exc, RayActorError):
+        return EngineShutdownError("the engine replica serving this request stopped")
+    return exc
+
+
+class RoutedEngine(AsyncLLMEngine):
+    """``AsyncLLMEngine`` as the OpenAI app sees it, backed by engine replicas.
+
+    Admission runs here with the single server's code (fetch, decode, hash, preprocess,
+    tokenize; its pools, memo and limits), so every image is hashed once, at the ingress; the
+    admitted ``ProcessedPrompt`` (token ids, salted item keys, pixel tensors) goes to the replica
+    the router picks from the prompt's ``RouteKey``. Replicas trust those keys because only this
+    handle reaches them. There is no engine loop here: ``get_metrics`` is the replicas' sum as
+    of the last ``cluster_stats`` call.
+    """
+
+    def __init__(
+        self,
+        frontend: FrontendEngine,
+        replicas: DeploymentHandle,
+        *,
+        executors: AdmissionExecutors | None = None,
+        fetcher: MediaFetcher | None = None,
+        media_workers: MediaWorkers | None = None,
+    ) -> None:
+        super().__init__(
+            frontend,  # type: ignore[arg-type]  # the LLMEngine surface admission reads
+            start=False,
+            executors=executors,
+            fetcher=fetcher,
+            media_workers=media_workers,
+        )
+        self.replicas = replicas
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started and self.admission.media_workers is not None:
+            self.admission.media_workers.start()
+        self._started = True
+
+    def stop_loop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+
+    def check_health(self) -> None:
+        if self._draining:
+            raise EngineShutdownError("the server is shutting down")
+        if self._stopping or not self._started:
+            raise EngineShutdownError("the server is not running (shutting down)")
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+        params: ParamsLike | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
+        *,
+        processed: ProcessedPrompt | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Admit here, then stream the chosen replica's outputs (``AsyncLLMEngine.generate``'s
+        contract; leaving early cancels the replica's stream, which aborts the request)."""
+        self.check_health()
+        request_id = request_id or f"req-{uuid.uuid4().hex}"
+        timer = RequestTimer(self.stats)
+        self._num_unfinished += 1
+        reason = "error"
+        stream: DeploymentResponseGenerator | None = None
+        try:
+            try:
+                if processed is None:
+                    processed = await self.admission.admit(
+                        prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+                    )
+                params = params(len(processed.prompt_token_ids)) if callable(params) else params
+            except ValueError:
+                reason = "rejected"
+                raise
+            text = prompt if isinstance(prompt, str) else None
+            call = self.replicas.options(stream=True).generate.remote(
+                processed,
+                params or self.engine.default_sampling_params(),
+                request_id,
+                text,
+                route=route_key(processed, cache_salt),
+            )
+            stream = cast(DeploymentResponseGenerator, call)  # stream=True
+            async for out in stream:
+                timer.on_output(sum(len(c.token_ids) for c in out.outputs))
+                if out.finished:
+                    reason = out.outputs[0].finish_reason or "stop"
+                yield out
+        except (asyncio.CancelledError, GeneratorExit):
+            if reason == "error":
+                reason = "abort"
+            raise
+        except Exception as exc:
+            raise unwrap_ray_error(exc) from None
+        finally:
+            self._num_unfinished -= 1
+            if stream is not None and reason in ("error", "abort"):
+                stream.cancel()
+            timer.finish(reason)
+
+    async def replica_stats(self, replica: str) -> dict[str, Any]:
+        call = self.replicas.stats.remote(route=RouteKey(pin=replica))
+        stats = dict(await asyncio.wait_for(call, STATS_TIMEOUT_S))
+        if stats.get("replica") != replica:  # it is gone; another one answered
+            raise LookupError(f"replica {replica} is gone")
+        return stats
+
+    async def cluster_stats(self) -> dict[str, Any]:
+        """Per-replica engine counters (encodes, cache hits, requests), their totals and this
+        ingress' routing decisions. A replica that does not answer in time is left out."""
+        routing = ROUTING.snapshot()
+        replicas: dict[str, dict[str, Any]] = {}
+        for name in routing["replicas"]:  # one at a time: see ImageAffinityRouter
+            try:
+                replicas[name] = await self.replica_stats(name)
+            except Exception as exc:
+                logger.warning("replica %s did not report its stats: %r", name, exc)
+        total: dict[str, float] = {}
+        for stats in replicas.values():
+            for key, value in stats.items():
+                if isinstance(value, (int, float)) and key not in GAUGES_NOT_SUMMED:
+                    total[key] = total.get(key, 0) + value
+        self._snapshot = total
+        return {"replicas": replicas, "total": total, "routing": routing}

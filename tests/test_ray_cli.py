@@ -1,0 +1,46 @@
+"""``mmserve serve --replicas 2`` as a real subprocess: one port, the OpenAI API, a clean stop.
+
+Skipped when Ray is not installed (``pip install mmserve[ray]``); CI installs the extra.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.openai_server import image_messages
+from tests.server_process import free_port, wait_until_healthy
+
+pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
+
+
+def test_serve_replicas_serves_the_api_on_one_port_and_stops_cleanly() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["serve", "tiny-llava", "--replicas", "2", "--port", str(port), "--media-workers", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mmserve.cli", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_until_healthy(proc, url, timeout=240)
+        body = {"model": "tiny-llava", "messages": image_messages(3), "max_tokens": 4}
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        cluster = httpx.get(f"{url}/cluster", timeout=60).json()
+        assert len(cluster["replicas"]) == 2
+        assert cluster["total"]["encoder_images_encoded"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)

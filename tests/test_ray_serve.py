@@ -1,0 +1,307 @@
+"""mmserve on a real local Ray Serve: two engine replicas of the tiny model behind the OpenAI
+ingress (127.0.0.1, bounded CPUs), compared with a single in-thread server.
+
+Skipped when Ray is not installed (``pip install mmserve[ray]``); CI installs the extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray Serve tests need the mmserve[ray] extra")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
+
+from mmserve.bench.servers import free_port  # noqa: E402
+from mmserve.entrypoints.openai.server import RunningServer  # noqa: E402
+from mmserve.entrypoints.ray.app import build_app, namespace_from_config  # noqa: E402
+from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTOR  # noqa: E402
+from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
+from tests.conftest import make_image  # noqa: E402
+from tests.openai_server import serve_model  # noqa: E402
+
+MODEL = "tiny-llava"
+REPLICAS = 2
+SETTINGS = {"model": MODEL, "replicas": REPLICAS, "max_num_seqs": 8, "media_workers": 0}
+
+
+def data_url(seed: int) -> str:
+    buf = io.BytesIO()
+    make_image(seed, (40, 30)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def user_turn(seeds: list[int], text: str) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": data_url(s)}} for s in seeds
+    ]
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """Ray (3 CPUs, 127.0.0.1, no dashboard), Serve's proxy on a free port, the app deployed."""
+    ray.init(num_cpus=REPLICAS + 1, include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(namespace_from_config(SETTINGS)), name="mmserve", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single() -> Iterator[RunningServer]:
+    yield from serve_model(MODEL, "--max-num-seqs", "8", "--media-workers", "0")
+
+
+def chat(base: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 5, "temperature": 0, **extra}
+    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cluster_stats(base: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/cluster", timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def encodes(base: str) -> int:
+    return int(cluster_stats(base)["total"]["encoder_images_encoded"])
+
+
+def run_conversations(base: str) -> list[str]:
+    """4 chats x 3 turns, each turn adding an image; chat 3 opens with chat 0's first image
+    and other text. Turns go in rounds, one request at a time. 9 distinct images."""
+    firsts = {0: [0], 1: [10], 2: [20], 3: [0]}
+    chats: dict[int, list[dict[str, Any]]] = {c: [] for c in firsts}
+    texts = []
+    for turn in range(3):
+        for c, history in chats.items():
+            seeds = firsts[c] if turn == 0 else [10 * c + turn + (100 if c == 3 else 0)]
+            history.append(user_turn(seeds, f"chat {c} turn {turn}: what changed?"))
+            answer = chat(base, history)["choices"][0]["message"]["content"]
+            history.append({"role": "assistant", "content": answer})
+            texts.append(answer)
+    return texts
+
+
+DISTINCT_IMAGES = 3 + 3 + 3 + 2  # chat 3 reuses chat 0's first image
+
+
+def test_one_encode_per_distinct_image_and_same_outputs_as_one_server(
+    cluster: str, single: RunningServer
+) -> None:
+    before = encodes(cluster)
+    texts = run_conversations(cluster)
+    stats = cluster_stats(cluster)
+    assert encodes(cluster) - before == DISTINCT_IMAGES
+    assert set(stats["replicas"]) == set(stats["routing"]["replicas"])
+    assert len(stats["replicas"]) == REPLICAS
+    assert stats["routing"]["decisions"].get("spill", 0) == 0  # one at a time: never over cap
+    assert texts == run_conversations(single.url)
+
+
+def test_streaming_and_cached_tokens_like_one_server(cluster: str, single: RunningServer) -> None:
+    messages = [user_turn([7], "Describe the picture in detail.")]
+    chat(cluster, messages)  # warm: the second one finds its prefix on the same replica
+    full = chat(cluster, messages)
+    assert full["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    streamed, usage = "", None
+    with httpx.stream("POST", f"{cluster}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    import json
+
+    for line in lines[:-1]:
+        event = json.loads(line.removeprefix("data: "))
+        for choice in event["choices"]:
+            streamed += choice["delta"].get("content") or ""
+        usage = event.get("usage") or usage
+    assert streamed == full["choices"][0]["message"]["content"]
+    assert usage is not None and usage["prompt_tokens_details"]["cached_tokens"] > 0
+    assert streamed == chat(single.url, messages)["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "nope", "messages": [{"role": "user", "content": "hi"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+        {
+            "model": MODEL,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                    ],
+                }
+            ],
+        },
+    ],
+    ids=["unknown-model", "bad-max-tokens", "bad-image"],
+)
+def test_errors_like_one_server(cluster: str, single: RunningServer, body: dict[str, Any]) -> None:
+    mine = httpx.post(f"{cluster}/v1/chat/completions", json=body, timeout=60)
+    theirs = httpx.post(f"{single.url}/v1/chat/completions", json=body, timeout=60)
+    assert (mine.status_code, mine.json()) == (theirs.status_code, theirs.json())
+    assert mine.status_code in (400, 404)
+
+
+BURST = 10
+
+
+def test_concurrent_requests_for_one_image_spill_within_the_bound(cluster: str) -> None:
+    messages = [user_turn([55], "Count the shapes.")]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 96, "temperature": 0}
+    body["ignore_eos"] = True
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            calls = [client.post(f"{cluster}/v1/chat/completions", json=body) for _ in range(BURST)]
+            return [r.status_code for r in await asyncio.gather(*calls)]
+
+    before = cluster_stats(cluster)["routing"]
+    assert asyncio.run(burst()) == [200] * BURST
+    after = cluster_stats(cluster)["routing"]
+    spills = after["decisions"].get("spill", 0) - before["decisions"].get("spill", 0)
+    assert spills > 0, after  # all prefer one replica; the bound sends some to the other
+    assert after["over_cap"] == 0
+    # no replica ever held more than the cap of the whole burst in flight (stats calls: +1)
+    assert max(after["peak_in_flight"].values()) <= load_cap(BURST + 1, REPLICAS, LOAD_FACTOR)
+    assert sum(after["in_flight"].values()) <= REPLICAS  # only the stats calls' own, if any
+
+
+def test_health_models_and_metrics(cluster: str) -> None:
+    assert httpx.get(f"{cluster}/health", timeout=30).json() == {"status": "ok"}
+    models = httpx.get(f"{cluster}/v1/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    text = httpx.get(f"{cluster}/metrics", timeout=30).text
+    assert "mmserve_encoder_images_encoded" in text
+
+
+# ---- the shared encoder store (issue 17); last in this module: it replaces the app above ----
+def _has_store_settings() -> bool:
+    import dataclasses
+
+    from mmserve.engine_args import EngineArgs
+
+    return "encoder_store_redis" in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+@pytest.fixture(scope="module")
+def store_app(cluster: str) -> Iterator[str]:
+    """The app again, its replicas sharing one real Redis L3 (redis-server on 127.0.0.1)."""
+    if not _has_store_settings():
+        pytest.skip("EngineArgs has no encoder_store_redis: the encoder store is not merged")
+    from tests.redis_server import REDIS_SERVER, redis_process
+
+    if REDIS_SERVER is None:
+        pytest.skip("no redis-server binary (apt-get install redis-server; .ci/run installs it)")
+    for redis in redis_process():
+        serve.delete("mmserve")
+        settings = {
+            **SETTINGS,
+            "encoder_store_redis": redis.url,
+            "encoder_store_secret": "ray-test-secret-0123456789",
+        }
+        app = build_app(namespace_from_config(settings))
+        serve.run(app, name="mmserve-store", route_prefix="/")
+        yield cluster
+
+
+def _kill_replica(replica: str) -> None:
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if "EngineReplica" in actor["name"] and actor["name"].endswith(replica):
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+            return
+    raise AssertionError(f"no actor for replica {replica}")
+
+
+def _wait(predicate: Any, what: str, timeout: float = 180.0) -> Any:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_shared_store_a_restarted_replica_loads_instead_of_encoding(store_app: str) -> None:
+    texts = run_conversations(store_app)
+    first = cluster_stats(store_app)
+    assert first["total"]["encoder_images_encoded"] == DISTINCT_IMAGES
+    _wait(
+        lambda: cluster_stats(store_app)["total"].get("encoder_store_writes", 0) >= DISTINCT_IMAGES,
+        "the store's write-behind",
+    )
+    busiest = max(first["replicas"], key=lambda r: first["replicas"][r]["requests"])
+    (survivor,) = set(first["replicas"]) - {busiest}
+    _kill_replica(busiest)
+
+    def replaced() -> dict[str, Any] | None:
+        stats = cluster_stats(store_app)
+        names = set(stats["replicas"])
+        return stats if len(names) == REPLICAS and busiest not in names else None
+
+    _wait(replaced, "Serve to replace the killed replica")
+    assert run_conversations(store_app) == texts
+    after = cluster_stats(store_app)
+    # not one image encoded again anywhere: the killed replica's chats moved (to the survivor
+    # or the new replica, as rendezvous ranks them) and were loaded from the store; the
+    # survivor's own ones hit its cache, or the store where the new replica took them over
+    encoded = sum(r["encoder_images_encoded"] for r in after["replicas"].values())
+    assert encoded == first["replicas"][survivor]["encoder_images_encoded"]
+    assert sum(r["encoder_store_loads"] for r in after["replicas"].values()) > 0
+
+
+def test_flags_reach_the_deployments_unchanged() -> None:
+    """No cluster needed: the application's deployment options and replica arguments."""
+    autoscaling = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 4}
+    args = namespace_from_config(
+        {
+            **SETTINGS,
+            "ray_autoscaling": autoscaling,
+            "routing": "pow2",
+            "routing_load_factor": 2.0,
+            "kv_cache_memory": "64MiB",
+        }
+    )
+    app = build_app(args)
+    ingress = app._bound_deployment
+    replica_app = ingress.init_args[0]
+    replica = replica_app._bound_deployment
+    engine_args, max_queued, threads = replica.init_args
+    assert engine_args["model"] == MODEL and engine_args["max_num_seqs"] == 8
+    assert engine_args["kv_cache_memory"] == 64 * 2**20
+    assert (max_queued, threads) == (args.max_queued_requests, 1)
+    config = replica._deployment_config
+    assert config.autoscaling_config.max_replicas == 3
+    assert config.autoscaling_config.target_ongoing_requests == 4
+    kwargs = config.request_router_config.request_router_kwargs
+    assert kwargs == {"load_factor": 2.0, "policy": "pow2"}
+    with pytest.raises(ValueError, match="--routing-load-factor"):
+        build_app(namespace_from_config({**SETTINGS, "routing_load_factor": 0.5}))
