@@ -208,3 +208,24 @@ def test_group_bound_holds_for_every_shape():
                 largest = max(largest, gh * gw // 4)
     _, gh, gw = settings.grid(2, 1, 200)  # two frames of the most elongated shape
     assert largest <= GROUP_MAX == gh * gw // 4
+
+
+def test_encoded_video_is_sampled_as_transformers_samples(ref):
+    """Bytes decode to the frames ``Qwen3VLVideoProcessor.sample_frames`` keeps (not the
+    Qwen2-VL rule's), then parity with transformers fed every decoded frame."""
+    from mmserve.multimodal.qwen3_video import Qwen3VideoSampling
+    from mmserve.multimodal.video import decode_video
+    from mmserve.multimodal.video_sampling import VideoSampling
+    from tests.video_helpers import make_video
+
+    data = make_video(12, 6, (128, 96))  # 2 s at 6 fps: 4 frames at 2 fps
+    assert Qwen3VideoSampling().indices(12, 6.0) == [0, 4, 7, 11]
+    assert VideoSampling().indices(12, 6.0) == [0, 3, 6, 9]
+    every = decode_video(data, VideoSampling(fps=None, num_frames=12))
+    assert len(every.frames) == 12 and every.fps == 6.0
+    llm = LLM(MODEL, seed=0)
+    text = prompt("What happens?")
+    out = llm.generate({"prompt": text, "videos": [data]}, GREEDY, use_tqdm=False)[0]
+    assert out.prompt_token_ids == ref.inputs(text, [every], [])["input_ids"][0].tolist()
+    assert out.outputs[0].token_ids == ref.greedy(text, [every])
+    assert_no_leaks(llm)

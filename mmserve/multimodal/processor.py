@@ -17,7 +17,11 @@ from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
-from mmserve.multimodal.qwen3_video import timestamp_tokens
+from mmserve.multimodal.qwen3_video import (
+    QWEN3_VL_ARCHITECTURE,
+    Qwen3VideoSampling,
+    timestamp_tokens,
+)
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
 from mmserve.multimodal.video_inputs import VideoInputs
 from mmserve.multimodal.video_prep import PreparedVideo
@@ -58,7 +62,8 @@ class InputProcessor:
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
-        sampling = VideoSampling.from_checkpoint(
+        qwen3 = model_config.architecture == QWEN3_VL_ARCHITECTURE
+        sampling = (Qwen3VideoSampling if qwen3 else VideoSampling).from_checkpoint(
             model_config.path, image_processor, model_config.processor_kwargs
         )
         self.video_loader = VideoLoader(media_policy, sampling)

@@ -27,6 +27,7 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
 
 from mmserve.inputs import VideoFrames
 from mmserve.multimodal.video_processing import _RESAMPLE, VideoSettings
+from mmserve.multimodal.video_sampling import VideoSampling
 
 QWEN3_VL_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 _CONFIG_FILES = (
@@ -97,6 +98,27 @@ class Qwen3VideoSettings(VideoSettings):
             frame_cap = self.max_video_tokens * self.factor * self.factor
             max_pixels = max(min(frame_cap, max_pixels), int(self.min_pixels * 1.05))
         return min(-(-self.min_pixels // frames), max_pixels), max_pixels
+
+
+@dataclass(frozen=True)
+class Qwen3VideoSampling(VideoSampling):
+    """The decoder's frame choice as ``Qwen3VLVideoProcessor.sample_frames`` makes it: no
+    rounding to the temporal patch size, indices ``linspace(0, total - 1, n).round()``."""
+
+    def num_sampled(self, total_frames: int, video_fps: float) -> int:
+        if self.num_frames is not None:
+            return min(self.num_frames, total_frames)
+        assert self.fps is not None
+        wanted = int(total_frames / video_fps * self.fps)
+        return min(max(wanted, self.min_frames), self.max_frames, total_frames)
+
+    def indices(self, total_frames: int, video_fps: float) -> list[int]:
+        if total_frames < 1:
+            raise ValueError("the video has no frames")
+        if not video_fps > 0:
+            raise ValueError(f"the video has no valid frame rate ({video_fps!r})")
+        count = self.num_sampled(total_frames, video_fps)
+        return np.linspace(0, total_frames - 1, count).round().astype(int).tolist()
 
 
 def load_qwen3_video_settings(
