@@ -9,6 +9,10 @@ Each image's encoder output is ``[n, hidden_size * (1 + k)]`` (k DeepStack layer
 cache stores, budgets and slices the wide rows, so a chunk that starts inside an image (after a
 prefix hit, a preemption or a chunk boundary) still gets the DeepStack features of exactly its
 tokens.
+
+A video is one item per frame group (grid (1, h, w)) whose ``<|video_pad|>`` run sits between
+its timestamp text and ``<|vision_end|>`` (``multimodal.qwen3_video``): transformers'
+``get_rope_index`` positions each group like a one-frame image, so groups are image spans here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from mmserve.models.llama import LlamaLMHeadMixin
 from mmserve.models.loader import load_safetensors
 from mmserve.models.qwen2_vl import (
     QWEN2_VL_RENAME_RULES,
+    ImageLimits,
     _grid,
     image_limits,
     max_image_tokens,
@@ -37,6 +42,7 @@ from mmserve.models.qwen2_vl import (
 from mmserve.models.qwen2_vl_vision import Grid
 from mmserve.models.qwen3_vl_text import Qwen3VLTextModel
 from mmserve.models.qwen3_vl_vision import Qwen3VisionTransformer
+from mmserve.multimodal.qwen3_video import load_qwen3_video_settings
 
 
 def num_deepstack_layers(hf_config: Any) -> int:
@@ -75,6 +81,15 @@ class Qwen3VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         return max_image_tokens(image_limits(hf_config, processor_kwargs))
 
     @staticmethod
+    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        """A frame group of a two-frame video at the video processor's limits: the largest
+        (more frames share the pixel limits)."""
+        path = getattr(hf_config, "_name_or_path", "") or ""
+        video = load_qwen3_video_settings(path, processor_kwargs)
+        low, high = video.per_frame_limits()
+        return max_image_tokens(ImageLimits(low, high, video.patch_size, video.merge_size))
+
+    @staticmethod
     def embedding_width(hf_config: Any) -> int:
         return int(hf_config.text_config.hidden_size) * (1 + num_deepstack_layers(hf_config))
 
@@ -105,7 +120,8 @@ class Qwen3VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
     def mrope_positions(
         self, num_tokens: int, mm_items: Sequence[MultiModalItem]
     ) -> MRopePositions:
-        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.layers.mrope``)."""
+        """M-RoPE positions of the first ``num_tokens`` tokens (``mmserve.layers.mrope``); a
+        video frame group is a one-frame image span, as in transformers' ``get_rope_index``."""
         images = []
         for item in mm_items:
             t, h, w = (int(x) for x in item.data["image_grid_thw"])

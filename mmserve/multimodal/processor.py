@@ -17,6 +17,11 @@ from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.qwen3_video import (
+    QWEN3_VL_ARCHITECTURE,
+    Qwen3VideoSampling,
+    timestamp_tokens,
+)
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
 from mmserve.multimodal.video_inputs import VideoInputs
 from mmserve.multimodal.video_prep import PreparedVideo
@@ -50,13 +55,15 @@ class InputProcessor:
         """``load_image_processor``: merged processor kwargs -> image processor (needed for
         per-request ``mm_processor_kwargs``); ``max_videos``: videos per prompt."""
         self.model_config = model_config
+        self.hf_config = model_config.hf_config
         self.tokenizer = tokenizer
         self.max_images = max_images
         self.videos = VideoInputs(model_config, max_videos)
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
-        sampling = VideoSampling.from_checkpoint(
+        qwen3 = model_config.architecture == QWEN3_VL_ARCHITECTURE
+        sampling = (Qwen3VideoSampling if qwen3 else VideoSampling).from_checkpoint(
             model_config.path, image_processor, model_config.processor_kwargs
         )
         self.video_loader = VideoLoader(media_policy, sampling)
@@ -111,17 +118,23 @@ class InputProcessor:
         order = sorted([(int(p), i, False) for i, p in enumerate(places)] + [
             (int(p), i, True) for i, p in enumerate(video_places)
         ])  # fmt: skip
-        repeats = np.ones_like(ids)
+        expansions: list[np.ndarray] = []
         items: list[MultiModalItem] = []
         shift = 0
         for place, i, is_video in order:
+            expansion = None
             if is_video:
                 video = videos[i]
                 if not isinstance(video, PreparedVideo):
                     decoded = self.load_video(video, cache_salt, mm_kwargs)
                     video = self.prepare_video(decoded, mm_kwargs, cache_salt)
-                items += video.items(place + shift, cache_salt)
-                length = video.length
+                starts = None
+                if video.timestamps:  # Qwen3-VL: "<t seconds>" text around every group
+                    expansion, starts = timestamp_tokens(
+                        video.timestamps, video.group_length, self.tokenizer, self.hf_config
+                    )
+                items += video.items(place + shift, cache_salt, starts)
+                length = video.length if expansion is None else len(expansion)
             else:
                 prepared = images[i]
                 if not isinstance(prepared, PreparedImage):
@@ -130,9 +143,9 @@ class InputProcessor:
                 key = self.item_key(prepared, uuid, cache_salt, merged)
                 length = prepared.length
                 items.append(MultiModalItem(key, place + shift, length, prepared.data))
-            repeats[place] = length
+            expansions.append(np.full(length, ids[place]) if expansion is None else expansion)
             shift += length - 1
-        return ProcessedPrompt(np.repeat(ids, repeats).tolist(), items)
+        return ProcessedPrompt(_spliced(ids, [p for p, _, _ in order], expansions), items)
 
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
@@ -322,3 +335,12 @@ def memo_key(
 
 def _no_loader(kwargs: dict[str, Any]) -> Any:
     raise ValueError("per-request mm_processor_kwargs need an image processor loader")
+
+
+def _spliced(ids: np.ndarray, places: list[int], expansions: list[np.ndarray]) -> list[int]:
+    """``ids`` with the token at each of the (ascending) ``places`` replaced by its expansion."""
+    starts, ends = [0, *(p + 1 for p in places)], [*places, len(ids)]
+    parts: list[np.ndarray] = []
+    for start, end, expansion in zip(starts, ends, [*expansions, ids[:0]], strict=True):
+        parts += [ids[start:end], expansion]
+    return np.concatenate(parts).tolist()

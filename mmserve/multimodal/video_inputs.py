@@ -9,6 +9,7 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image_memo import DEFAULT_MEMO_BYTES
+from mmserve.multimodal.qwen3_video import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
 from mmserve.multimodal.request_kwargs import canonical, without_sampling
 from mmserve.multimodal.video_prep import PreparedVideo, checked_video, hash_video, preprocessed
 from mmserve.multimodal.video_processing import (
@@ -55,7 +56,8 @@ class VideoInputs:
         with self._lock:
             found = self._settings.get(key)
         if found is None:
-            found = load_video_settings(mc.path, kwargs)
+            qwen3 = mc.architecture == QWEN3_VL_ARCHITECTURE
+            found = (load_qwen3_video_settings if qwen3 else load_video_settings)(mc.path, kwargs)
             with self._lock:
                 self._settings[key] = found
         return found

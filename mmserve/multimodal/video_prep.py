@@ -12,6 +12,7 @@ processor settings; tenant salt applied) plus the group index and count, plus it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ class PreparedVideo:
     grid: tuple[int, int, int]
     second_per_grid_t: float
     merge_size: int
+    timestamps: tuple[float, ...] = ()  # per frame group, announced in the prompt (Qwen3-VL)
 
     @property
     def group_length(self) -> int:
@@ -48,15 +50,20 @@ class PreparedVideo:
     def length(self) -> int:
         return self.grid[0] * self.group_length
 
-    def items(self, offset: int, cache_salt: str | None = None) -> list[MultiModalItem]:
-        """One item per frame group, placed from token ``offset`` on (views, no copies)."""
+    def items(
+        self, offset: int, cache_salt: str | None = None, starts: Sequence[int] | None = None
+    ) -> list[MultiModalItem]:
+        """One item per frame group, placed from token ``offset`` on (views, no copies):
+        back to back, or group i at ``offset + starts[i]``."""
         t, h, w = self.grid
+        if starts is None:
+            starts = range(0, t * self.group_length, self.group_length)
         base = salted(self.mm_hash, cache_salt)
         patches = self.pixel_values.reshape(t, h * w, -1)
         return [
             MultiModalItem(
                 f"{base}.g{i}/{t}",
-                offset + i * self.group_length,
+                offset + starts[i],
                 self.group_length,
                 {"pixel_values": patches[i], "image_grid_thw": (1, h, w)},
                 VideoGroup(i, t, self.second_per_grid_t),
@@ -119,9 +126,10 @@ def hash_video(frames: VideoFrames, model_id: str, settings: VideoSettings) -> s
 
 
 def checked_video(video: Any, settings: VideoSettings, max_tokens: int | None) -> VideoFrames:
-    """``video_frames(video)``, refused (ValueError) when its placeholders alone exceed
-    ``max_tokens`` (checked from the shape, before any preprocessing)."""
-    frames = video_frames(video)
+    """``video_frames(video)`` as the processor samples it (``settings.sample``), refused
+    (ValueError) when its placeholders alone exceed ``max_tokens`` (checked from the shape,
+    before any preprocessing)."""
+    frames = settings.sample(video_frames(video))
     tokens = video_tokens(frames, settings)
     if max_tokens is not None and tokens > max_tokens:
         num, height, width = frames.frames.shape[:3]
@@ -135,7 +143,8 @@ def checked_video(video: Any, settings: VideoSettings, max_tokens: int | None) -
 def preprocessed(frames: VideoFrames, mm_hash: str, settings: VideoSettings) -> PreparedVideo:
     pixel_values, grid = preprocess_video(frames.frames, settings)
     seconds = settings.temporal_patch_size / frames.fps
-    return PreparedVideo(mm_hash, pixel_values, grid, seconds, settings.merge_size)
+    stamps = settings.group_timestamps(frames)
+    return PreparedVideo(mm_hash, pixel_values, grid, seconds, settings.merge_size, stamps)
 
 
 def prepare_video(

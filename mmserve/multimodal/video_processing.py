@@ -26,8 +26,14 @@ import numpy as np
 import torch
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
+from mmserve.inputs import VideoFrames
+
 DEFAULT_VIDEO_FPS = 2.0  # frames given without a rate (Qwen's and vLLM's default sampling)
-VIDEO_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+VIDEO_ARCHITECTURES = (
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "Qwen3VLForConditionalGeneration",  # settings: multimodal.qwen3_video
+)
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL filter ids -> interpolate modes
@@ -86,6 +92,14 @@ class VideoSettings:
         h, w = self.frame_size(height, width, num_frames)
         t = math.ceil(num_frames / self.temporal_patch_size)
         return t, h // self.patch_size, w // self.patch_size
+
+    def sample(self, frames: VideoFrames) -> VideoFrames:
+        """The frames the processor keeps: all of them (Qwen2-VL does not sample)."""
+        return frames
+
+    def group_timestamps(self, frames: VideoFrames) -> tuple[float, ...]:
+        """Seconds announced before each frame group in the prompt: none (Qwen2-VL)."""
+        return ()
 
     def key(self) -> str:
         """Canonical text of the settings (part of a video's content hash)."""
