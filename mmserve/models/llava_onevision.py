@@ -10,6 +10,7 @@ geometry of ``multimodal.anyres`` (which also counts the placeholders at admissi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from mmserve.models.llava import LLAVA_RENAME_RULES, LlavaProjector
 from mmserve.models.loader import load_safetensors
 from mmserve.models.siglip_vision import SiglipVisionTower
 from mmserve.multimodal.anyres import AnyresGeometry
+from mmserve.multimodal.onevision_video import pooled_frame_tokens
 
 ANYRES_RENAME_RULES = [(r"^model\.image_newline$", "image_newline"), *LLAVA_RENAME_RULES]
 
@@ -115,10 +117,48 @@ class AnyresLlava(LlamaLMHeadMixin, nn.Module):
         ]
 
 
+def pool_frames(feats: torch.Tensor) -> torch.Tensor:
+    """``apply_pooling``: [frames, P*P, hidden] -> [frames * ceil(P/2)**2, hidden]."""
+    frames, patches, hidden = feats.shape
+    side = math.isqrt(patches)
+    grid = feats.view(frames, side, side, hidden).permute(0, 3, 1, 2).contiguous()
+    half = math.ceil(side / 2)
+    grid = F.interpolate(grid, size=[half, half], mode="bilinear")
+    return grid.permute(0, 2, 3, 1).reshape(-1, hidden)
+
+
 class LlavaOnevisionForConditionalGeneration(AnyresLlava):
-    """LLaVA-OneVision: SigLIP (no CLS: the "full" strategy) and a Qwen2 decoder."""
+    """LLaVA-OneVision: SigLIP (no CLS: the "full" strategy) and a Qwen2 decoder. Videos
+    arrive one frame per item (``multimodal.onevision_video``): its pooled embeddings, the
+    last frame's followed by ``image_newline`` (transformers' ``get_video_features``)."""
 
     qkv_bias = True
+
+    @staticmethod
+    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        """One frame's pooled embeddings plus the newline the last frame carries."""
+        return pooled_frame_tokens(hf_config) + 1
+
+    def encode_images(self, images: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """One tower pass over every image crop and video frame; [num_tokens, hidden] each."""
+        param = self.multi_modal_projector.linear_1.weight
+        pixels = [
+            torch.as_tensor(np.asarray(d.get("pixel_values_videos", d.get("pixel_values"))))
+            for d in images
+        ]
+        batch = torch.cat(pixels).to(device=param.device, dtype=param.dtype)
+        feats = self.multi_modal_projector(self.vision_tower(batch))
+        out = []
+        for f, d in zip(feats.split([len(p) for p in pixels]), images, strict=True):
+            if "pixel_values_videos" not in d:
+                out.append(self.packer(f, tuple(d["image_size"])))
+                continue
+            pooled = pool_frames(f)
+            if d["newline"]:
+                newline = self.packer.image_newline.to(pooled.dtype)[None]
+                pooled = torch.cat((pooled, newline))
+            out.append(pooled)
+        return out
 
     def make_vision_tower(self, hf_config: Any) -> SiglipVisionTower:
         if self.drop_cls:

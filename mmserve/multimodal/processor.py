@@ -17,13 +17,14 @@ from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.onevision_video import PreparedOnevisionVideo
 from mmserve.multimodal.qwen3_video import (
     QWEN3_VL_ARCHITECTURE,
     Qwen3VideoSampling,
     timestamp_tokens,
 )
 from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
-from mmserve.multimodal.video_inputs import VideoInputs
+from mmserve.multimodal.video_inputs import AnyPreparedVideo, VideoInputs
 from mmserve.multimodal.video_prep import PreparedVideo
 from mmserve.multimodal.video_sampling import VideoSampling
 from mmserve.multimodal.video_source import (
@@ -125,11 +126,11 @@ class InputProcessor:
             expansion = None
             if is_video:
                 video = videos[i]
-                if not isinstance(video, PreparedVideo):
+                if not isinstance(video, (PreparedVideo, PreparedOnevisionVideo)):
                     decoded = self.load_video(video, cache_salt, mm_kwargs)
                     video = self.prepare_video(decoded, mm_kwargs, cache_salt)
                 starts = None
-                if video.timestamps:  # Qwen3-VL: "<t seconds>" text around every group
+                if isinstance(video, PreparedVideo) and video.timestamps:  # Qwen3-VL: "<t seconds>"
                     expansion, starts = timestamp_tokens(
                         video.timestamps, video.group_length, self.tokenizer, self.hf_config
                     )
@@ -149,7 +150,7 @@ class InputProcessor:
 
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
-    ) -> PreparedVideo:
+    ) -> AnyPreparedVideo:
         """Check, hash and preprocess one decoded video with the prompt's processor settings
         (memoized per tenant). Thread-safe."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)

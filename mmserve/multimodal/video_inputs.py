@@ -9,6 +9,15 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image_memo import DEFAULT_MEMO_BYTES
+from mmserve.multimodal.onevision_video import (
+    ONEVISION_ARCHITECTURE,
+    OnevisionVideoSettings,
+    PreparedOnevisionVideo,
+    checked_onevision_video,
+    hash_onevision_video,
+    load_onevision_video_settings,
+    preprocessed_onevision,
+)
 from mmserve.multimodal.qwen3_video import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
 from mmserve.multimodal.request_kwargs import canonical, without_sampling
 from mmserve.multimodal.video_prep import PreparedVideo, checked_video, hash_video, preprocessed
@@ -17,6 +26,8 @@ from mmserve.multimodal.video_processing import (
     VideoSettings,
     load_video_settings,
 )
+
+AnyPreparedVideo = PreparedVideo | PreparedOnevisionVideo
 
 
 class VideoInputs:
@@ -30,11 +41,12 @@ class VideoInputs:
     def __init__(self, model_config: ModelConfig, max_videos: int) -> None:
         self.model_config = model_config
         self.max_videos = max_videos
-        self.accepted = model_config.architecture in VIDEO_ARCHITECTURES
+        self.onevision = model_config.architecture == ONEVISION_ARCHITECTURE
+        self.accepted = model_config.architecture in VIDEO_ARCHITECTURES or self.onevision
         self.token_id: int | None = (
             getattr(model_config.hf_config, "video_token_id", None) if self.accepted else None
         )
-        self._settings: dict[str, VideoSettings] = {}
+        self._settings: dict[str, VideoSettings | OnevisionVideoSettings] = {}
         self.memo = PreparedVideoMemo()
         self._lock = threading.Lock()
 
@@ -47,7 +59,9 @@ class VideoInputs:
                 " (limit_mm_per_prompt)"
             )
 
-    def settings(self, merged_kwargs: dict[str, Any] | None = None) -> VideoSettings:
+    def settings(
+        self, merged_kwargs: dict[str, Any] | None = None
+    ) -> VideoSettings | OnevisionVideoSettings:
         """Settings of the engine's processor kwargs, or of ``merged_kwargs`` when given."""
         mc = self.model_config
         kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
@@ -56,8 +70,13 @@ class VideoInputs:
         with self._lock:
             found = self._settings.get(key)
         if found is None:
-            qwen3 = mc.architecture == QWEN3_VL_ARCHITECTURE
-            found = (load_qwen3_video_settings if qwen3 else load_video_settings)(mc.path, kwargs)
+            if self.onevision:
+                found = load_onevision_video_settings(mc.path, mc.hf_config, kwargs)
+            else:
+                qwen3 = mc.architecture == QWEN3_VL_ARCHITECTURE
+                found = (load_qwen3_video_settings if qwen3 else load_video_settings)(
+                    mc.path, kwargs
+                )
             with self._lock:
                 self._settings[key] = found
         return found
@@ -67,7 +86,7 @@ class VideoInputs:
         video: Any,
         merged_kwargs: dict[str, Any] | None = None,
         cache_salt: str | None = None,
-    ) -> PreparedVideo:
+    ) -> AnyPreparedVideo:
         """ValueError for a video this model cannot take or whose placeholders alone would
         not leave room for one generated token within ``max_model_len``. The same frames sent
         again (a chat's next turn) by the same tenant are hashed, not preprocessed again."""
@@ -75,12 +94,19 @@ class VideoInputs:
             raise ValueError("this model does not accept videos")
         mc = self.model_config
         settings = self.settings(merged_kwargs)
-        frames = checked_video(video, settings, mc.max_model_len - 1)
-        mm_hash = hash_video(frames, mc.model, settings)
+        if isinstance(settings, OnevisionVideoSettings):
+            frames = checked_onevision_video(video, settings, mc.max_model_len - 1)
+            mm_hash = hash_onevision_video(frames, mc.model, settings)
+        else:
+            frames = checked_video(video, settings, mc.max_model_len - 1)
+            mm_hash = hash_video(frames, mc.model, settings)
         key = f"{cache_salt or ''}|{mm_hash}"
         prepared = self.memo.get(key)
         if prepared is None:
-            prepared = preprocessed(frames, mm_hash, settings)
+            if isinstance(settings, OnevisionVideoSettings):
+                prepared = preprocessed_onevision(frames, mm_hash, settings)
+            else:
+                prepared = preprocessed(frames, mm_hash, settings)
             self.memo.put(key, prepared)
         return prepared
 
@@ -94,12 +120,12 @@ class PreparedVideoMemo:
 
     def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, PreparedVideo] = OrderedDict()
+        self._entries: OrderedDict[str, AnyPreparedVideo] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
 
-    def get(self, key: str) -> PreparedVideo | None:
+    def get(self, key: str) -> AnyPreparedVideo | None:
         with self._lock:
             found = self._entries.get(key)
             if found is not None:
@@ -107,7 +133,7 @@ class PreparedVideoMemo:
                 self.hits += 1
             return found
 
-    def put(self, key: str, prepared: PreparedVideo) -> None:
+    def put(self, key: str, prepared: AnyPreparedVideo) -> None:
         size = prepared.pixel_values.nbytes
         with self._lock:
             if size > self.max_bytes or key in self._entries:
