@@ -6,6 +6,7 @@ placeholder count, budget and preprocessing settings."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -13,9 +14,11 @@ import pytest
 import torch
 from PIL import Image
 from transformers import LlavaOnevisionForConditionalGeneration as HFOnevision
+from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOnevisionModel
 
 from mmserve import LLM, SamplingParams
 from mmserve.inputs import VideoFrames
+from mmserve.models.llava_onevision import pool_frames
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.llava_onevision import IDS, load_onevision_processor
 from mmserve.multimodal.onevision_video import (
@@ -181,3 +184,13 @@ def test_bad_video_requests_fail_alone():
     out = llm.generate({"prompt": prompt("?"), "videos": [make_frames(6, 2)]}, GREEDY, False)
     assert out[0].outputs[0].token_ids
     assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("side", [4, 7, 27])  # 27: the released 384 / 14 towers (odd grid)
+def test_frame_pooling_matches_transformers(side):
+    vision = SimpleNamespace(image_size=side * 14, patch_size=14)
+    owner = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
+    feats = torch.randn(3, side * side, 16, generator=torch.Generator().manual_seed(side))
+    expected = LlavaOnevisionModel.apply_pooling(owner, feats).reshape(-1, 16)  # type: ignore[arg-type]
+    assert torch.equal(pool_frames(feats), expected)
+    assert len(expected) == 3 * math.ceil(side / 2) ** 2

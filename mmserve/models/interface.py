@@ -38,8 +38,9 @@ class VisionLanguageModel(Protocol):
       ``[num_embeddings, embedding_width(hf_config)]`` each (``hidden_size`` wide unless the
       model has DeepStack layers); ``embed`` + ``__call__`` + ``compute_logits`` run the
       language model over the paged KV cache for a flat varlen batch.
-    - A video is one item per temporal frame group (``MultiModalItem.video``), encoded by
-      ``encode_images`` like an image; ``max_tokens_per_video_group`` bounds one group.
+    - A video is one item per temporal frame group (``MultiModalItem.video``; LLaVA-OneVision:
+      per frame), encoded by ``encode_images`` like an image; ``max_tokens_per_video_group``
+      bounds one group.
     - ``uses_mrope``: positions are ``[3, num_tokens]`` from ``mrope_positions`` (Qwen2-VL)
       instead of ``arange``.
     - ``deepstack_layers`` (k > 0: Qwen3-VL): each image embedding row is
