@@ -98,6 +98,8 @@ SETTINGS = {
     "no-prefix-cache": {"enable_prefix_caching": False},
     "no-caches": {"enable_encoder_cache": False, "enable_prefix_caching": False},
     "chunks-8": {"max_num_batched_tokens": 8, "max_num_seqs": 4},
+    "unsplit-items": {"disable_chunked_mm_input": True, "max_num_batched_tokens": 112},
+    "small-encoder": {"max_num_encoder_input_tokens": 100, "encoder_cache_size": 200},
     "preemption": {"num_kv_blocks": 10, "block_size": 16, "max_model_len": 128},
 }
 
