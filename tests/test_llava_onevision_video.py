@@ -5,6 +5,7 @@ placeholder count, budget and preprocessing settings."""
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -196,3 +197,21 @@ def test_frame_pooling_matches_transformers(side):
     expected = LlavaOnevisionModel.apply_pooling(owner, feats).reshape(-1, 16)  # type: ignore[arg-type]
     assert torch.equal(pool_frames(feats), expected)
     assert len(expected) == 3 * math.ceil(side / 2) ** 2
+
+
+def test_settings_files_in_transformers_order(ref, tmp_path):
+    """``video_preprocessor_config.json`` over ``preprocessor_config.json`` over the class
+    defaults; frames the tower cannot take are refused by name."""
+    config = ref.model.config
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps({"size": {"height": 32, "width": 32}, "image_mean": [0.5] * 3})
+    )
+    assert load_onevision_video_settings(tmp_path, config).mean == (0.5,) * 3
+    video = {"size": {"height": 32, "width": 32}, "image_mean": [0.25] * 3, "resample": 2}
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(video))
+    settings = load_onevision_video_settings(tmp_path, config)
+    assert (settings.mean, settings.resample, settings.tokens(3)) == ((0.25,) * 3, "bilinear", 13)
+    video["size"] = {"height": 384, "width": 384}  # the class default
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(video))
+    with pytest.raises(ValueError, match="takes 32x32 frames"):
+        load_onevision_video_settings(tmp_path, config)
