@@ -28,6 +28,7 @@ from mmserve.multimodal.onevision_video import (
 )
 from mmserve.multimodal.video_prep import video_frames
 from tests.conftest import assert_no_leaks, make_image
+from tests.video_helpers import make_video
 
 MODEL = "tiny-llava-onevision"
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
@@ -215,3 +216,16 @@ def test_settings_files_in_transformers_order(ref, tmp_path):
     (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(video))
     with pytest.raises(ValueError, match="takes 32x32 frames"):
         load_onevision_video_settings(tmp_path, config)
+
+
+def test_encoded_video_is_decoded_sampled_and_matches(ref):
+    """Video bytes (3 s at 30 fps) are decoded and sampled at 2 fps, then served as frames."""
+    llm = LLM(MODEL, seed=0)
+    data = make_video(90, 30)
+    frames = llm.engine.processor.load_video(data)
+    assert len(frames.frames) == 6
+    text = prompt("What happens?")
+    out = llm.generate({"prompt": text, "videos": [data]}, GREEDY, use_tqdm=False)[0]
+    assert out.prompt_token_ids.count(VIDEO_TOKEN) == 6 * FRAME + 1
+    assert out.outputs[0].token_ids == ref.greedy(text, frames)
+    assert_no_leaks(llm)
