@@ -5,6 +5,7 @@ placeholder count, budget and preprocessing settings."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from types import SimpleNamespace
@@ -18,6 +19,8 @@ from transformers import LlavaOnevisionForConditionalGeneration as HFOnevision
 from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOnevisionModel
 
 from mmserve import LLM, SamplingParams
+from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.llm_engine import LLMEngine
 from mmserve.inputs import VideoFrames
 from mmserve.models.llava_onevision import pool_frames
 from mmserve.models.tiny import resolve_model_path
@@ -229,3 +232,19 @@ def test_encoded_video_is_decoded_sampled_and_matches(ref):
     assert out.prompt_token_ids.count(VIDEO_TOKEN) == 6 * FRAME + 1
     assert out.outputs[0].token_ids == ref.greedy(text, frames)
     assert_no_leaks(llm)
+
+
+def test_async_engine_admits_onevision_videos(ref):
+    """The server's path: admission prepares the video in the media threads."""
+    engine = AsyncLLMEngine(LLMEngine.from_args(MODEL, seed=0))
+    video = make_frames(8, 5)
+    text = prompt("What moves?")
+
+    async def run() -> list[int]:
+        outs = [o async for o in engine.generate(text, videos=[video], params=GREEDY)]
+        return outs[-1].outputs[0].token_ids
+
+    try:
+        assert asyncio.run(run()) == ref.greedy(text, video)
+    finally:
+        engine.shutdown()

@@ -17,7 +17,7 @@ from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaKind, is_http_url
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
-from mmserve.multimodal.video_prep import PreparedVideo
+from mmserve.multimodal.video_inputs import AnyPreparedVideo
 from mmserve.multimodal.video_source import video_memo_key
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ class Admission:
 
     async def prepare_video(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
-    ) -> PreparedVideo:
+    ) -> AnyPreparedVideo:
         """Decode (``decode_video``), then preprocess and hash in the media threads (the
         processor's per-tenant memo first)."""
         frames = await self.decode_video(source, cache_salt, mm_kwargs)
