@@ -39,9 +39,11 @@ class InjectedFault(RuntimeError):
 
 @functools.cache
 def max_tokens_per_image(model: str) -> int:
+    """The largest item the engine must hold: an image, or a video frame group where the
+    model takes videos (the budget floor counts both, even though the fuzz sends images)."""
     spec = MODELS[model]
     config = build_model_config(model, "float32", spec["max_model_len"], spec["processor_kwargs"])
-    return config.max_tokens_per_image
+    return max(config.max_tokens_per_image, config.max_tokens_per_video_group)
 
 
 @functools.cache  # the same objects every seed: PlainOutputs memoizes by image identity
