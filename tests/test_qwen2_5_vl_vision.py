@@ -13,11 +13,9 @@ import torch
 from transformers import Qwen2_5_VLForConditionalGeneration as HFQwen2_5_VL
 from transformers.vision_utils import get_vision_window_index
 
-from mmserve.engine.loading import build_model_config, load_image_processor
 from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from mmserve.models.qwen2_5_vl_vision import window_layout
-from mmserve.multimodal.image_prep import IMAGE_INPUTS
-from tests.conftest import make_image
+from tests.tower_helpers import qwen_tower_pair
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 MODEL = "tiny-qwen2.5-vl"
@@ -25,17 +23,7 @@ MODEL = "tiny-qwen2.5-vl"
 
 @pytest.fixture(scope="module")
 def qwen():
-    cfg = build_model_config(MODEL)
-    model = Qwen2_5_VLForConditionalGeneration(cfg.hf_config).eval()
-    model.load_weights(cfg.path)
-    hf = HFQwen2_5_VL.from_pretrained(cfg.path, dtype=torch.float32).eval()
-    proc = load_image_processor(cfg.path, {})
-
-    def prepare(size: tuple[int, int], seed: int) -> dict:
-        glue = IMAGE_INPUTS[cfg.architecture]
-        return glue.inputs(glue.hf(proc, make_image(seed, size)), proc, cfg)[0]
-
-    return model, hf, prepare
+    return qwen_tower_pair(MODEL, Qwen2_5_VLForConditionalGeneration, HFQwen2_5_VL)
 
 
 def hf_visual(hf: HFQwen2_5_VL, items: list[dict]) -> list[torch.Tensor]:

@@ -22,17 +22,16 @@ from transformers import (
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 from transformers.video_utils import VideoMetadata
 
-from mmserve import LLM, SamplingParams
+from mmserve import LLM
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.qwen3_video import load_qwen3_video_settings
 from mmserve.multimodal.video_prep import video_frames
 from mmserve.multimodal.video_processing import preprocess_video
 from tests.conftest import assert_no_leaks, make_image
-from tests.test_qwen_video import IMAGE, VIDEO, make_frames, prompt
+from tests.test_qwen_video import GREEDY, IMAGE, VIDEO, check, make_frames, prompt
 
 MODEL = "tiny-qwen3-vl"
-GREEDY = SamplingParams(temperature=0, max_tokens=16)
 IMAGE_PAD = QWEN_SPECIAL_TOKEN_IDS["<|image_pad|>"]
 VIDEO_PAD = QWEN_SPECIAL_TOKEN_IDS["<|video_pad|>"]
 GROUP_MAX = 160  # embeddings of the largest frame group (two frames of <= 131072 pixels each)
@@ -121,15 +120,6 @@ def cases(ref) -> list[tuple[dict[str, Any], list[int]]]:
         ({"prompt": text, "videos": videos, "images": images}, ref.greedy(text, videos, images))
         for text, videos, images in specs
     ]
-
-
-def check(llm: LLM, ref: Qwen3VideoReference, cases) -> None:
-    outs = llm.generate([c for c, _ in cases], GREEDY, use_tqdm=False)
-    for (case, expected), out in zip(cases, outs, strict=True):
-        ids = ref.inputs(case["prompt"], case["videos"], case["images"])["input_ids"]
-        assert out.prompt_token_ids == ids[0].tolist()
-        assert out.outputs[0].token_ids == expected, case["prompt"]
-    assert_no_leaks(llm)
 
 
 SETTINGS = {

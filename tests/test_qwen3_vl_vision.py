@@ -15,8 +15,8 @@ from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 from mmserve.engine.loading import build_model_config, load_image_processor
 from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from mmserve.multimodal.fast_image_processing import fast_image_processor
-from mmserve.multimodal.image_prep import IMAGE_INPUTS
 from tests.conftest import make_image
+from tests.tower_helpers import qwen_tower_pair
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 MODEL = "tiny-qwen3-vl"
@@ -24,17 +24,7 @@ MODEL = "tiny-qwen3-vl"
 
 @pytest.fixture(scope="module")
 def qwen():
-    cfg = build_model_config(MODEL)
-    model = Qwen3VLForConditionalGeneration(cfg.hf_config).eval()
-    model.load_weights(cfg.path)
-    hf = HFQwen3VL.from_pretrained(cfg.path, dtype=torch.float32).eval()
-    proc = load_image_processor(cfg.path, {})
-
-    def prepare(size: tuple[int, int], seed: int) -> dict:
-        glue = IMAGE_INPUTS[cfg.architecture]
-        return glue.inputs(glue.hf(proc, make_image(seed, size)), proc, cfg)[0]
-
-    return model, hf, prepare
+    return qwen_tower_pair(MODEL, Qwen3VLForConditionalGeneration, HFQwen3VL)
 
 
 def hf_visual(hf: HFQwen3VL, items: list[dict]) -> list[torch.Tensor]:

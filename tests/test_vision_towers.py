@@ -20,14 +20,12 @@ from transformers import LlavaForConditionalGeneration as HFLlava
 from transformers import Qwen2VLForConditionalGeneration as HFQwen2VL
 from transformers.activations import ACT2FN
 
-from mmserve.engine.loading import build_model_config, load_image_processor
 from mmserve.models.clip_vision import layers_to_run, quick_gelu_
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from mmserve.models.qwen2_vl_vision import PatchEmbed, _equal_runs
 from mmserve.models.tiny.presets import PRESETS, PresetSpec, randomize_weights
-from mmserve.multimodal.image_prep import IMAGE_INPUTS
-from tests.conftest import make_image
+from tests.tower_helpers import qwen_tower_pair
 
 QWEN_TOL = {"rtol": 1e-4, "atol": 1e-4}
 CLIP_LAYERS = 3
@@ -158,17 +156,7 @@ def test_checkpoint_without_the_dropped_layers_loads(llava_ckpt, tmp_path):
 # ---- Qwen2-VL ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def qwen():
-    cfg = build_model_config("tiny-qwen2-vl")
-    model = Qwen2VLForConditionalGeneration(cfg.hf_config).eval()
-    model.load_weights(cfg.path)
-    hf = HFQwen2VL.from_pretrained(cfg.path, dtype=torch.float32).eval()
-    proc = load_image_processor(cfg.path, {})
-
-    def prepare(size: tuple[int, int], seed: int) -> dict:
-        glue = IMAGE_INPUTS[cfg.architecture]
-        return glue.inputs(glue.hf(proc, make_image(seed, size)), proc, cfg)[0]
-
-    return model, hf, prepare
+    return qwen_tower_pair("tiny-qwen2-vl", Qwen2VLForConditionalGeneration, HFQwen2VL)
 
 
 def hf_visual(hf: HFQwen2VL, items: list[dict]) -> list[torch.Tensor]:
