@@ -254,3 +254,22 @@ def test_sampling_kwargs_share_the_video_processor_settings(engine: LLMEngine) -
     assert videos.settings({"fps": 1.0}) is base
     assert videos.settings({"fps": 3.5, "max_frames": 8, "do_sample_frames": True}) is base
     assert videos.settings({"max_pixels": 28 * 28 * 64}) is not base
+
+
+@pytest.mark.parametrize(
+    ("engine_kwargs", "request_kwargs", "rate"),
+    [({"fps": 1.0}, {"num_frames": 8}, {"num_frames": 8}),
+     ({"num_frames": 8}, {"fps": 1.0}, {"fps": 1.0}),
+     ({"fps": 1.0, "max_pixels": 50176}, {"fps": 4.0}, {"fps": 4.0})],
+)  # fmt: skip
+def test_a_requests_frame_rate_setting_replaces_the_engines_other_one(
+    engine_kwargs: dict, request_kwargs: dict, rate: dict
+) -> None:
+    """The engine's --mm-processor-kwargs fps and a request's num_frames (or the reverse) do
+    not exclude each other: the request's choice wins (was: a 400)."""
+    from mmserve.multimodal.request_kwargs import check_request_kwargs
+
+    merged = check_request_kwargs("Qwen2VLForConditionalGeneration", engine_kwargs, request_kwargs)
+    assert merged is not None
+    assert {k: merged.get(k) for k in ("fps", "num_frames") if k in merged} == rate
+    assert merged.get("max_pixels") == engine_kwargs.get("max_pixels")

@@ -111,7 +111,6 @@ class InputProcessor:
         places = _places(ids, self.model_config.image_token_id, len(images), "image")
         video_places = _places(ids, self.videos.token_id, len(videos), "video")
         self.check_num_images(len(images))
-        self.videos.check_count(len(videos))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
         if not len(images) and not len(videos):

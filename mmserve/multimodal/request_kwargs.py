@@ -65,7 +65,9 @@ def check_request_kwargs(
             raise ValueError(f"{FIELD}: {key} must be true or false, got {value!r}")
     if kwargs.get("fps") is not None and kwargs.get("num_frames") is not None:
         raise ValueError(f"{FIELD}: fps and num_frames exclude each other")
-    merged = {**engine_kwargs, **kwargs}
+    rate = {"fps", "num_frames"}  # a request naming one replaces the engine's other
+    base = {k: v for k, v in engine_kwargs.items() if not (rate & set(kwargs)) or k not in rate}
+    merged = {**base, **kwargs}
     if all(key in merged for key in _PIXELS) and merged["min_pixels"] > merged["max_pixels"]:
         raise ValueError(
             f"{FIELD}: min_pixels ({merged['min_pixels']}) must be <= max_pixels"

@@ -82,8 +82,9 @@ class DiskTier:
             return None
         try:
             os.utime(path)
-        except OSError:
-            pass
+        except OSError:  # evicted between the read and now: keep it out of the index
+            self._forget(key)
+            return data
         with self._lock:
             if key not in self._index:
                 self.num_bytes += len(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -41,10 +42,21 @@ def resolve_secret(config: EncoderStoreConfig) -> bytes:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return path.read_bytes()
+        return _written_secret(path)
     with os.fdopen(fd, "wb") as fh:
         fh.write(os.urandom(32).hex().encode())
     return path.read_bytes()
+
+
+def _written_secret(path: Path, attempts: int = 50) -> bytes:
+    """The secret another process created: it may not have written it yet (create, then
+    write), so an empty read is retried briefly."""
+    for _ in range(attempts):
+        secret = path.read_bytes()
+        if secret:
+            return secret
+        time.sleep(0.02)
+    raise ValueError(f"encoder store secret file {path} stays empty")
 
 
 def open_encoder_store(

@@ -191,6 +191,7 @@ class EncoderStore:
     def close(self) -> None:
         """Finish the queued writes, then stop; later lookups find nothing, writes drop."""
         self._closed = True
+        atexit.unregister(self.writer.flush)  # else every closed store lives until exit
         self.writer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for tier in self.tiers:
