@@ -201,19 +201,9 @@ def test_health_models_and_metrics(cluster: str) -> None:
 
 
 # ---- the shared encoder store (issue 17); last in this module: it replaces the app above ----
-def _has_store_settings() -> bool:
-    import dataclasses
-
-    from mmserve.engine_args import EngineArgs
-
-    return "encoder_store_redis" in {f.name for f in dataclasses.fields(EngineArgs)}
-
-
 @pytest.fixture(scope="module")
 def store_app(cluster: str) -> Iterator[str]:
     """The app again, its replicas sharing one real Redis L3 (redis-server on 127.0.0.1)."""
-    if not _has_store_settings():
-        pytest.skip("EngineArgs has no encoder_store_redis: the encoder store is not merged")
     from tests.redis_server import REDIS_SERVER, redis_process
 
     if REDIS_SERVER is None:

@@ -81,28 +81,30 @@ def profile_memory(
     free, total = probe.free_and_total()
     weights = probe.allocated()
     used_elsewhere = max(0, total - free - probe.reserved())
-    probe.reset_peak()
-    with torch.inference_mode():
-        _lm_prefill(model, num_tokens, num_logit_rows, block_size, dtype, device)
-        if dummy_image_data:
-            model.encode_images(dummy_image_data)
-    peak = probe.peak_allocated()
-    return DeviceMemoryUsage(total, used_elsewhere, weights, max(0, peak - weights))
-
-
-def _lm_prefill(
-    model: VisionLanguageModel,
-    num_tokens: int,
-    num_logit_rows: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> None:
-    """One sequence of ``num_tokens`` through the LM over a KV cache just large enough."""
     num_blocks = -(-num_tokens // block_size)
     cache = PagedKVCache(
         model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, device
     )
+    base = probe.allocated()  # the scratch KV cache is not an activation: measured above it
+    probe.reset_peak()
+    with torch.inference_mode():
+        _lm_prefill(model, cache, num_tokens, num_logit_rows, device)
+        if dummy_image_data:
+            model.encode_images(dummy_image_data)
+    peak = probe.peak_allocated()
+    return DeviceMemoryUsage(total, used_elsewhere, weights, max(0, peak - base))
+
+
+def _lm_prefill(
+    model: VisionLanguageModel,
+    cache: PagedKVCache,
+    num_tokens: int,
+    num_logit_rows: int,
+    device: torch.device,
+) -> None:
+    """One sequence of ``num_tokens`` through the LM over ``cache`` (just large enough)."""
+    block_size = cache.block_size
+    num_blocks = -(-num_tokens // block_size)
     meta = AttentionMetadata(
         slot_mapping=torch.arange(num_tokens, device=device),
         query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
