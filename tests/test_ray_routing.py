@@ -102,7 +102,7 @@ def test_routing_stats_count_reservations_in_flight_and_the_cap() -> None:
     stats.on_routed("q4", "a", "pinned")
     assert stats.loads() == {"a": 3, "b": 1}
     for rid in ("q1", "q4", "q1", "unknown"):  # twice / unknown: no effect
-        stats.on_completed(rid)
+        stats.on_completed(rid, "a")
     snap = stats.snapshot()
     assert snap["in_flight"] == {"a": 1, "b": 1}
     assert snap["decisions"] == {"affinity": 2, "spill": 1, "pinned": 1}
@@ -124,5 +124,20 @@ def test_a_dead_replica_is_dropped_with_its_in_flight_count() -> None:
     stats.on_routed("q1", "a", "affinity")
     stats.drop_replica("a")
     assert stats.loads() == {"b": 0} and stats.snapshot()["replicas"] == ["b"]
-    stats.on_completed("q1")  # Ray reports it later: no effect
+    stats.on_completed("q1", "a")  # Ray reports it later: no effect
     assert stats.snapshot()["in_flight"] == {}
+
+
+def test_a_refused_sends_completion_does_not_uncount_the_retry() -> None:
+    """Ray calls back on_request_completed for a send the replica refused, possibly after the
+    retry was reserved (or routed) elsewhere: it must not lower the retry's count."""
+    stats = RoutingStats()
+    stats.set_replicas(["a", "b"])
+    stats.reserve("q1", "b", "a", cap=1)  # the retry after "a" refused
+    stats.on_completed("q1", "a")  # the refused send's callback, late
+    assert stats.loads() == {"a": 0, "b": 1}
+    stats.on_routed("q1", "b", "affinity")
+    stats.on_completed("q1", "a")
+    assert stats.snapshot()["in_flight"] == {"b": 1}
+    stats.on_completed("q1", "b")
+    assert stats.loads() == {"a": 0, "b": 0}

@@ -108,4 +108,4 @@ class ImageAffinityRouter(RequestRouter):
         routing_stats.ROUTING.on_routed(request_id, str(replica_id.unique_id), kind)
 
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
-        routing_stats.ROUTING.on_completed(internal_request_id)
+        routing_stats.ROUTING.on_completed(internal_request_id, str(replica_id.unique_id))

@@ -96,11 +96,15 @@ class RoutingStats:
             self.decisions[kind] += 1
             self.peak[replica] = max(self.peak[replica], self.in_flight[replica])
 
-    def on_completed(self, request_id: str) -> None:
+    def on_completed(self, request_id: str, replica: str) -> None:
+        """Only the completion of the send that was routed counts: Ray also calls back for a
+        send the replica refused, possibly after the retry was reserved or routed elsewhere
+        (reservations are never dropped here; routing or staleness drops them)."""
         with self._lock:
-            self._reserved.pop(request_id, None)
-            replica = self._pending.pop(request_id, None)
-            if replica is not None and self.in_flight[replica] > 0:
+            if self._pending.get(request_id) != replica:
+                return
+            del self._pending[request_id]
+            if self.in_flight[replica] > 0:
                 self.in_flight[replica] -= 1
 
     def snapshot(self) -> dict[str, Any]:
