@@ -20,13 +20,15 @@ class VideoGroup:
 class MultiModalItem:
     """One image, or one temporal frame group of a video (``video`` set), of a prompt: its
     content hash and placeholder range [offset, offset+length). A video's groups are
-    consecutive items with contiguous ranges; each is encoded and cached on its own."""
+    consecutive items with contiguous ranges; each is encoded and cached on its own. An image
+    split into pan-and-scan crops is one item per crop (``crop``: its index, from 0)."""
 
     hash: str
     offset: int
     length: int
     data: Any = None  # processor output (e.g. pixel_values array) the encoder consumes
     video: VideoGroup | None = None
+    crop: int | None = None
     # the embedding the encoder store returned (a host tensor): loaded instead of encoded
     stored: Any = field(default=None, compare=False, repr=False)
 

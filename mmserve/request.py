@@ -23,6 +23,20 @@ class RequestStatus(enum.Enum):
         return self.value in ("stop", "length", "abort", "error")
 
 
+class EmbeddingSource(enum.IntEnum):
+    """How an image's embeddings reached the language model, cheapest first (a request may
+    reach one image several ways, e.g. again after preemption: the costliest is kept)."""
+
+    PREFIX_CACHE = 0  # the image's KV was a prefix-cache hit: no embeddings needed
+    ENCODER_CACHE = 1
+    ENCODER_STORE = 2
+    ENCODED = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
 class Request:
     """Prompt ids, image items, generated ids and how far the KV cache has got.
 
@@ -35,6 +49,9 @@ class Request:
     ended), so it finds the prompt's full blocks in the prefix cache instead of prefilling them
     again. ``prompt_logprobs`` holds one entry per prompt token after the first (if asked for),
     in order; a recomputed chunk (after preemption) does not add entries twice.
+
+    ``mm_sources[i]`` is how item i's embeddings were obtained (the costliest way so far), None
+    until the encoder walk reaches it (an item inside the prefix hit is never reached).
     """
 
     def __init__(
@@ -52,6 +69,7 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.mm_items = sorted(mm_items or [], key=lambda item: item.offset)
+        self.mm_sources: list[EmbeddingSource | None] = [None] * len(self.mm_items)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.all_token_ids = list(prompt_token_ids)
@@ -91,6 +109,15 @@ class Request:
         if leader is None or leader.is_finished:
             return False
         return leader.num_computed_tokens < leader.num_prompt_tokens
+
+    def note_mm_source(self, index: int, source: EmbeddingSource) -> bool:
+        """Record that item ``index`` was served by ``source`` unless a costlier way already
+        was; True when the record changed."""
+        known = self.mm_sources[index]
+        if known is not None and known >= source:
+            return False
+        self.mm_sources[index] = source
+        return True
 
     def add_prompt_logprobs(self, first: int, entries: list[TokenLogprobs]) -> None:
         """``entries`` are those of prompt tokens ``first + 1, first + 2, ...``."""

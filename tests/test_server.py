@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -297,3 +298,26 @@ def test_client_disconnect_non_streaming_aborts(server: RunningServer) -> None:
     after = wait_idle(server.url)
     assert after["mmserve_kv_blocks_used"] == 0
     assert after[aborted] == before + 1
+
+
+def test_usage_reports_each_image_encoded_or_cached(server: RunningServer) -> None:
+    """The documented ``usage.mm_inputs`` extension, whole and streamed; absent without images."""
+    url, auth = f"{server.url}/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}"}
+    messages = chat_messages([png_url(501), png_url(502)], "Two pictures: compare them, please.")
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0}
+    first = httpx.post(url, json=body, headers=auth, timeout=60).json()["usage"]
+    assert [(m["type"], m["index"], m["source"]) for m in first["mm_inputs"]] == [
+        ("image", 0, "encoded"),
+        ("image", 1, "encoded"),
+    ]
+    assert all(m["tokens"] > 0 and m["pieces"] == {"encoded": 1} for m in first["mm_inputs"])
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url, json=stream, headers=auth, timeout=60) as resp:
+        lines = [line for line in resp.iter_lines() if line.startswith("data: {")]
+    usage = json.loads(lines[-1].removeprefix("data: "))["usage"]
+    assert [m["source"] for m in usage["mm_inputs"]] == ["prefix_cache", "prefix_cache"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] > sum(
+        m["tokens"] for m in first["mm_inputs"]
+    )
+    text = {**body, "messages": [{"role": "user", "content": "Hello"}]}
+    assert "mm_inputs" not in httpx.post(url, json=text, headers=auth, timeout=60).json()["usage"]

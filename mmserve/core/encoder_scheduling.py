@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mmserve.core.encoder_cache import EncoderCacheManager
-from mmserve.request import Request
+from mmserve.request import EmbeddingSource, Request
 
 
 @dataclass
@@ -44,6 +44,8 @@ class EncoderCommit:
     allocated: list[str] = field(default_factory=list)  # keys allocated (to encode or load)
     hits: int = 0
     embeddings_saved: int = 0
+    # (item index, its previous source) for each ``Request.mm_sources`` entry changed
+    sources: list[tuple[int, EmbeddingSource | None]] = field(default_factory=list)
 
 
 def plan_encoder_inputs(
@@ -115,22 +117,41 @@ def commit_encoder_plan(
     new_keys = {request.mm_items[idx].key for idx in plan.to_encode + plan.to_load}
     for idx in plan.to_reference:
         item = request.mm_items[idx]
+        _note_source(request, idx, EmbeddingSource.ENCODER_CACHE, commit)
         if item.key not in new_keys and cache.add_ref(item.key, request.req_id):
             commit.referenced.append(item.key)
             commit.hits += 1
             commit.embeddings_saved += item.length
-    for idx in plan.to_encode + plan.to_load:
-        item = request.mm_items[idx]
-        cache.allocate(item.key, request.req_id, item.length)
-        commit.allocated.append(item.key)
+    for source, indices in (
+        (EmbeddingSource.ENCODED, plan.to_encode),
+        (EmbeddingSource.ENCODER_STORE, plan.to_load),
+    ):
+        for idx in indices:
+            item = request.mm_items[idx]
+            _note_source(request, idx, source, commit)
+            cache.allocate(item.key, request.req_id, item.length)
+            commit.allocated.append(item.key)
 
 
-def undo_encoder_commit(req_id: str, commit: EncoderCommit, cache: EncoderCacheManager) -> None:
-    """Give back what ``commit_encoder_plan`` took (the allocations were never encoded)."""
+def _note_source(
+    request: Request, idx: int, source: EmbeddingSource, commit: EncoderCommit
+) -> None:
+    previous = request.mm_sources[idx]
+    if request.note_mm_source(idx, source):
+        commit.sources.append((idx, previous))
+
+
+def undo_encoder_commit(
+    request: Request, commit: EncoderCommit, cache: EncoderCacheManager
+) -> None:
+    """Give back what ``commit_encoder_plan`` took (the allocations were never encoded) and
+    forget the sources it recorded."""
     for key in reversed(commit.allocated):
         cache.discard(key)
     for key in reversed(commit.referenced):
-        cache.release(key, req_id)
+        cache.release(key, request.req_id)
+    for idx, previous in reversed(commit.sources):
+        request.mm_sources[idx] = previous
 
 
 def release_finished_occurrences(

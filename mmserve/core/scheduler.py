@@ -304,7 +304,7 @@ class Scheduler:
         self.kv.rollback_step()
         for entry in reversed(journal.commits):
             request = entry.request
-            undo_encoder_commit(request.req_id, entry.encoder, self.encoder_cache)
+            undo_encoder_commit(request, entry.encoder, self.encoder_cache)
             self.kv.truncate(request, entry.prev_num_blocks)
             request.num_computed_tokens = entry.prev_num_computed_tokens
             request.num_cached_tokens = entry.prev_num_cached_tokens

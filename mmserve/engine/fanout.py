@@ -57,6 +57,7 @@ class _Parent:
             metrics={"arrival_time": arrival_time},
             error=self.errors[0] if self.errors else None,
             prompt_logprobs=first.prompt_logprobs if first is not None else None,
+            media_usage=first.media_usage if first is not None else [],
         )
 
 

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 
 from mmserve.engine.detokenizer import Detokenizer
+from mmserve.engine.media_usage import summarize_media
 from mmserve.engine.outputs import CompletionOutput, RequestOutput
 from mmserve.request import Request, RequestStatus
 
@@ -100,4 +101,9 @@ class OutputProcessor:
             prompt_logprobs=None
             if request.sampling_params.prompt_logprobs is None
             else request.prompt_logprobs,
+            media_usage=summarize_media(
+                request.mm_items, request.mm_sources, request.num_cached_tokens
+            )
+            if finished and request.mm_items
+            else [],
         )

@@ -206,8 +206,13 @@ class InputProcessor:
                 start, end = int(starts[len(items)]), int(ends[len(items)])
                 if end - start != image.length // n:
                     raise ValueError(f"image {i} needs runs of {image.length // n} image tokens")
-                crop_key = key if n == 1 else f"{key}#{crop}"
-                items.append(MultiModalItem(crop_key, start, image.length // n, data))
+                if n == 1:
+                    items.append(MultiModalItem(key, start, image.length, data))
+                else:
+                    part = MultiModalItem(
+                        f"{key}#{crop}", start, image.length // n, data, crop=crop
+                    )
+                    items.append(part)
         return ProcessedPrompt(ids.tolist(), items)
 
     def _expand_marker_tokens(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:

@@ -155,19 +155,36 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class MediaInputUsage(BaseModel):
+    """mmserve's extension (docs/api.md): how one image / video got its embeddings."""
+
+    type: Literal["image", "video"]
+    index: int
+    tokens: int
+    source: str  # encoded | encoder_store | encoder_cache | prefix_cache | not_computed
+    pieces: dict[str, int]
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    mm_inputs: list[MediaInputUsage] | None = None  # only when the prompt had images / videos
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+def make_usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    mm_inputs: list[MediaInputUsage] | None = None,
+) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        mm_inputs=mm_inputs or None,
     )
 
 

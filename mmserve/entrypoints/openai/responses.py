@@ -13,7 +13,7 @@ from mmserve.entrypoints.openai.logprobs_format import (
     LogprobsFormatter,
     format_prompt_logprobs,
 )
-from mmserve.entrypoints.openai.protocol import Usage, make_usage
+from mmserve.entrypoints.openai.protocol import MediaInputUsage, Usage, make_usage
 from mmserve.entrypoints.openai.sampling_request import AnyRequest, stops_of
 from mmserve.entrypoints.openai.streaming import DeltaTracker, aclose_quietly, sse
 from mmserve.entrypoints.openai.tool_calls import ToolMode
@@ -22,7 +22,8 @@ from mmserve.entrypoints.openai.tool_calls import ToolMode
 def usage_of(out: RequestOutput) -> Usage:
     """The prompt counted once, the completion tokens of every choice."""
     completion = sum(len(c.token_ids) for c in out.outputs)
-    return make_usage(len(out.prompt_token_ids), completion, out.num_cached_tokens)
+    media = [MediaInputUsage.model_validate(m.as_dict()) for m in out.media_usage]
+    return make_usage(len(out.prompt_token_ids), completion, out.num_cached_tokens, media)
 
 
 class ResponseShaper:
@@ -64,7 +65,7 @@ class ResponseShaper:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": choices,
-            "usage": usage_of(out).model_dump(),
+            "usage": usage_of(out).model_dump(exclude_none=True),
         }
         if out.prompt_logprobs is not None:  # vLLM: on the body (chat), on each choice (text)
             prompt_lps = format_prompt_logprobs(self.tokenizer, out.prompt_logprobs)
@@ -95,7 +96,7 @@ class ResponseShaper:
         def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> str:
             body: dict[str, Any] = {**head, "choices": choices}
             if include_usage:  # OpenAI sends "usage": null on every chunk but the last
-                body["usage"] = usage.model_dump() if usage is not None else None
+                body["usage"] = usage.model_dump(exclude_none=True) if usage is not None else None
             return sse(body)
 
         n = len(first.outputs)
