@@ -1,5 +1,6 @@
 """The FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
-/health, /ping (GET and POST, like vLLM's and SageMaker's), /version, /metrics.
+/health, /ping (GET and POST, like vLLM's and SageMaker's), /version, /metrics, and with
+``ui`` the playground page at ``/`` (``ui_routes``).
 
 Request bodies are parsed by ``http_body`` rather than by FastAPI, after the middlewares have
 checked the Host header and the API key, so every malformed body is an OpenAI-shaped 4xx.
@@ -44,6 +45,7 @@ from mmserve.entrypoints.openai.protocol import (
 )
 from mmserve.entrypoints.openai.serving import OpenAIServing
 from mmserve.entrypoints.openai.tokenize_routes import TokenizeHandler, add_tokenize_routes
+from mmserve.entrypoints.openai.ui_routes import add_ui_routes, ui_files, ui_paths
 from mmserve.version import package_version
 
 OWNED_BY = "mmserve"  # /v1/models' owned_by (vLLM writes "vllm")
@@ -58,6 +60,7 @@ class HTTPPolicy:
     allowed_hosts: tuple[str, ...] = ()  # empty: any Host header
     allowed_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
     limits: RequestLimits = field(default_factory=RequestLimits)
+    ui: bool = False  # serve the playground page at /
 
 
 def build_app(
@@ -92,8 +95,12 @@ def build_app(
     app.state.serving = serving
     engine.stats.set_model_name(served_model_names[0])
     install_error_handlers(app)
+    page = ui_files() if policy.ui else {}
+    if page:
+        add_ui_routes(app, page)
     if policy.api_key is not None:
         public = {"/health", "/ping"} | ({"/metrics"} if policy.public_metrics else set())
+        public |= ui_paths(page) if page else set()
         app.add_middleware(APIKeyMiddleware, api_key=policy.api_key, public_paths=frozenset(public))
     if policy.allowed_origins:
         app.add_middleware(

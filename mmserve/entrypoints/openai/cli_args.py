@@ -14,7 +14,9 @@ from typing import Any
 
 from mmserve.arg_types import parse_bytes
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints.openai.limits import add_limit_flags
+from mmserve.entrypoints.openai.app import HTTPPolicy
+from mmserve.entrypoints.openai.limits import add_limit_flags, limits_from_args
+from mmserve.entrypoints.openai.ui_routes import ui_default
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
 from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
 
@@ -70,6 +72,13 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         "--api-key",
         default=os.environ.get("MMSERVE_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1 (default: $MMSERVE_API_KEY, else no key)",
+    )
+    p.add_argument(
+        "--ui",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the playground page at / (default: on only when --host is a loopback"
+        " address such as 127.0.0.1)",
     )
     p.add_argument(
         "--public-metrics",
@@ -200,6 +209,18 @@ class _ModelAction(argparse.Action):
             )
         setattr(namespace, mine, values)
         namespace.model = values
+
+
+def http_policy(args: argparse.Namespace) -> HTTPPolicy:
+    """Who may call the server, what one request may ask, and whether the page is served."""
+    return HTTPPolicy(
+        api_key=args.api_key,
+        public_metrics=args.public_metrics,
+        allowed_hosts=tuple(args.allowed_hosts or ()),
+        allowed_origins=tuple(args.allowed_origins or ()),
+        limits=limits_from_args(args),
+        ui=ui_default(args.host) if args.ui is None else args.ui,
+    )
 
 
 def media_policy(args: argparse.Namespace) -> Any:

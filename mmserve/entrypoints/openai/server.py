@@ -25,9 +25,13 @@ from fastapi import FastAPI
 from mmserve.engine.admission import AdmissionExecutors
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.llm_engine import LLMEngine
-from mmserve.entrypoints.openai.app import HTTPPolicy, build_app
-from mmserve.entrypoints.openai.cli_args import check_server_flags, engine_args, media_policy
-from mmserve.entrypoints.openai.limits import limits_from_args
+from mmserve.entrypoints.openai.app import build_app
+from mmserve.entrypoints.openai.cli_args import (
+    check_server_flags,
+    engine_args,
+    http_policy,
+    media_policy,
+)
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 
@@ -80,13 +84,7 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
     for note in settings.ignored_settings():
         logger.info(note)
     policy_for_media = media_policy(args)
-    policy = HTTPPolicy(
-        api_key=args.api_key,
-        public_metrics=args.public_metrics,
-        allowed_hosts=tuple(args.allowed_hosts or ()),
-        allowed_origins=tuple(args.allowed_origins or ()),
-        limits=limits_from_args(args),
-    )
+    policy = http_policy(args)
     llm_engine = LLMEngine.from_engine_args(settings, media_policy=policy_for_media)
     executors = AdmissionExecutors.sized_for(args.text_workers)
     processes = executors.media_workers if args.media_workers is None else args.media_workers

@@ -17,15 +17,14 @@ from ray.serve.handle import DeploymentHandle
 
 from mmserve.engine.admission import AdmissionExecutors
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints.openai.app import HTTPPolicy
 from mmserve.entrypoints.openai.app import build_app as build_openai_app
 from mmserve.entrypoints.openai.cli_args import (
     add_serve_parser,
     check_server_flags,
     engine_args,
+    http_policy,
     media_policy,
 )
-from mmserve.entrypoints.openai.limits import limits_from_args
 from mmserve.entrypoints.ray.flags import check_ray_flags
 from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.entrypoints.ray.replica import EngineReplica
@@ -63,13 +62,7 @@ class OpenAIIngress:
             fetcher=MediaFetcher(fetch_policy),
             media_workers=MediaWorkers(frontend.processor, processes) if processes else None,
         )
-        policy = HTTPPolicy(
-            api_key=args.api_key,
-            public_metrics=args.public_metrics,
-            allowed_hosts=tuple(args.allowed_hosts or ()),
-            allowed_origins=tuple(args.allowed_origins or ()),
-            limits=limits_from_args(args),
-        )
+        policy = http_policy(args)
         app = build_openai_app(
             engine,
             served_model_names=list(args.served_model_name or [args.model]),

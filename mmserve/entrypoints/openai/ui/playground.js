@@ -1,0 +1,202 @@
+// The playground: a chat with images over /v1/chat/completions (streamed), per-turn numbers
+// from the usage object, and the live cache panel. The whole conversation is sent each turn,
+// as any OpenAI client does: the server's caches are what make the repeat cheap.
+
+import { Api } from "./api.js";
+import { startMetricsPanel } from "./metrics.js";
+import { assistantTurn, attachmentChip, renderStats, userTurn } from "./render.js";
+
+const $ = (id) => document.getElementById(id);
+const api = new Api();
+const chat = { messages: [], images: [], pending: [], controller: null };
+
+function notice(message) {
+  $("notice").textContent = message || "";
+  $("notice").classList.toggle("hidden", !message);
+}
+
+async function loadModels() {
+  const select = $("model");
+  try {
+    const names = await api.models();
+    const chosen = select.value;
+    select.replaceChildren(...names.map((name) => new Option(name, name)));
+    if (names.includes(chosen)) select.value = chosen;
+    notice("");
+  } catch (err) {
+    if (err.status === 401) {
+      $("key-field").classList.remove("hidden");
+      notice(api.key ? "The API key was refused." : "This server needs an API key.");
+      $("api-key").focus();
+    } else {
+      notice(`Cannot list models: ${err.message}`);
+    }
+  }
+}
+
+function showAttachments() {
+  const chips = chat.pending.map((image, i) =>
+    attachmentChip(image, () => {
+      chat.pending.splice(i, 1);
+      showAttachments();
+    }),
+  );
+  $("attachments").replaceChildren(...chips);
+}
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function addFiles(files) {
+  const images = [...files].filter((file) => file.type.startsWith("image/"));
+  for (const file of images) {
+    chat.pending.push({ name: file.name || "pasted image", url: await readAsDataURL(file) });
+  }
+  showAttachments();
+  return images.length;
+}
+
+function number(id) {
+  const value = $(id).value.trim();
+  return value === "" ? undefined : Number(value);
+}
+
+function requestBody() {
+  const system = $("system").value.trim();
+  const messages = system ? [{ role: "system", content: system }, ...chat.messages] : chat.messages;
+  return {
+    model: $("model").value,
+    messages,
+    temperature: number("temperature"),
+    top_p: number("top-p"),
+    max_tokens: number("max-tokens"),
+    seed: number("seed"),
+  };
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").disabled = !busy;
+}
+
+async function send() {
+  const text = $("prompt").value.trim();
+  if (chat.controller || (!text && !chat.pending.length)) return;
+  const images = chat.pending.splice(0);
+  showAttachments();
+  $("prompt").value = "";
+  const parts = images.map((image) => ({ type: "image_url", image_url: { url: image.url } }));
+  if (text) parts.push({ type: "text", text });
+  chat.messages.push({ role: "user", content: images.length ? parts : text });
+  chat.images.push(...images);
+  const asked = userTurn(text, images);
+  const reply = assistantTurn($("model").value);
+  $("log").append(asked, reply.node);
+  reply.node.scrollIntoView({ block: "end" });
+
+  chat.controller = new AbortController();
+  setBusy(true);
+  const started = performance.now();
+  const timing = { ttft: null, tokensPerSecond: null };
+  let answer = "";
+  let usage = null;
+  let firstAt = null;
+  let lastAt = null;
+  try {
+    for await (const event of api.chatStream(requestBody(), chat.controller.signal)) {
+      if (event.usage) usage = event.usage;
+      const delta = event.choices && event.choices[0] ? event.choices[0].delta : null;
+      if (delta && delta.content) {
+        lastAt = performance.now();
+        if (firstAt === null) {
+          firstAt = lastAt;
+          timing.ttft = (firstAt - started) / 1000;
+        }
+        answer += delta.content;
+        reply.text.textContent = answer;
+      }
+    }
+    chat.messages.push({ role: "assistant", content: answer });
+  } catch (err) {
+    if (err.name === "AbortError") {
+      chat.messages.push({ role: "assistant", content: answer });
+    } else {
+      chat.messages.pop(); // not answered: the next message is sent without it
+      chat.images.splice(chat.images.length - images.length);
+      asked.classList.add("failed");
+      reply.node.classList.add("error");
+      reply.text.textContent = `Error: ${err.message}`;
+      if (err.status === 401) loadModels();
+    }
+  } finally {
+    chat.controller = null;
+    setBusy(false);
+  }
+  const completion = usage ? usage.completion_tokens : 0;
+  if (completion > 1 && lastAt > firstAt) {
+    timing.tokensPerSecond = ((completion - 1) * 1000) / (lastAt - firstAt);
+  }
+  reply.text.classList.remove("pending");
+  renderStats(reply.stats, usage, timing, chat.images);
+  reply.node.dataset.done = "true";
+  refreshMetrics();
+}
+
+function newChat() {
+  if (chat.controller) chat.controller.abort();
+  chat.messages = [];
+  chat.images = [];
+  $("log").replaceChildren();
+}
+
+function wireInputs() {
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  $("prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  });
+  $("stop").addEventListener("click", () => chat.controller && chat.controller.abort());
+  $("new-chat").addEventListener("click", newChat);
+  $("file-input").addEventListener("change", async (event) => {
+    await addFiles(event.target.files);
+    event.target.value = "";
+  });
+  document.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    document.body.classList.add("dragging");
+  });
+  document.addEventListener("dragleave", () => document.body.classList.remove("dragging"));
+  document.addEventListener("drop", (event) => {
+    event.preventDefault();
+    document.body.classList.remove("dragging");
+    addFiles(event.dataTransfer.files);
+  });
+  document.addEventListener("paste", (event) => {
+    const files = event.clipboardData ? event.clipboardData.files : [];
+    if ([...files].some((file) => file.type.startsWith("image/"))) {
+      event.preventDefault();
+      addFiles(files);
+    }
+  });
+  $("api-key").value = api.key;
+  $("api-key").addEventListener("change", () => {
+    api.setKey($("api-key").value.trim());
+    loadModels();
+    refreshMetrics();
+  });
+}
+
+wireInputs();
+const refreshMetrics = startMetricsPanel(api, $("metrics"), $("metrics-state"));
+loadModels();

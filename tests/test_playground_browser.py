@@ -1,0 +1,190 @@
+"""The playground page in a real browser: Debian's headless Chromium driven by Selenium against
+a real server on 127.0.0.1. Two turns about one image: the second reports the image cached;
+the cache panel fills in; with and without an API key; user text stays text.
+
+Skipped when Chromium or chromedriver is missing, unless ``MMSERVE_REQUIRE_BROWSER=1`` (CI
+sets it: there a missing browser is a failure). Screenshots go to ``$MMSERVE_TEST_ARTIFACTS``
+(default ``test-artifacts/`` in the repository).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mmserve.entrypoints.openai.server import RunningServer
+from tests.conftest import make_image
+from tests.openai_server import serve_model
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and CHROMEDRIVER):
+    if os.environ.get("MMSERVE_REQUIRE_BROWSER") == "1":
+        raise RuntimeError("MMSERVE_REQUIRE_BROWSER=1 but chromium / chromedriver are missing")
+    pytest.skip("needs chromium and chromedriver (Debian packages)", allow_module_level=True)
+
+KEY = "browser-key"
+ARTIFACTS = Path(
+    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[1] / "test-artifacts")
+)
+CACHED = {"prefix_cache", "encoder_cache", "encoder_store"}
+
+
+@pytest.fixture(scope="module")
+def open_server() -> Iterator[RunningServer]:
+    yield from serve_model("tiny-llava", "--host", "127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def keyed_server() -> Iterator[RunningServer]:
+    yield from serve_model("tiny-llava", "--host", "127.0.0.1", "--api-key", KEY)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1280,900")
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
+    driver.set_script_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("page") / "shapes.png"
+    make_image(3, (160, 120)).save(path)
+    return path
+
+
+def open_page(driver: webdriver.Chrome, server: RunningServer) -> None:
+    driver.get(f"{server.url}/")
+    wait(driver).until(lambda d: d.execute_script("return document.getElementById('model').value"))
+    driver.execute_script("sessionStorage.clear()")
+    driver.find_element(By.ID, "max-tokens").clear()
+    driver.find_element(By.ID, "max-tokens").send_keys("6")
+
+
+def wait(driver: webdriver.Chrome, seconds: float = 60) -> WebDriverWait:
+    return WebDriverWait(driver, seconds)
+
+
+def send(driver: webdriver.Chrome, text: str) -> dict:
+    """Type ``text``, press Send, wait for the reply; the reply turn's text and stats."""
+    before = len(driver.find_elements(By.CSS_SELECTOR, ".turn.assistant[data-done]"))
+    driver.find_element(By.ID, "prompt").send_keys(text)
+    driver.find_element(By.ID, "send").click()
+    wait(driver).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, ".turn.assistant[data-done]")) > before
+    )
+    turn = driver.find_elements(By.CSS_SELECTOR, ".turn.assistant")[-1]
+    stats = {
+        s.get_attribute("data-stat"): s.text for s in turn.find_elements(By.CSS_SELECTOR, ".stat")
+    }
+    sources = [
+        m.get_attribute("data-source") for m in turn.find_elements(By.CSS_SELECTOR, ".media-item")
+    ]
+    error = "error" in (turn.get_attribute("class") or "")
+    return {"text": turn.find_element(By.CSS_SELECTOR, ".text").text, "stats": stats,
+            "sources": sources, "error": error}  # fmt: skip
+
+
+def panel(driver: webdriver.Chrome) -> dict[str, str]:
+    cells = driver.find_elements(By.CSS_SELECTOR, "#metrics [data-metric]")
+    return {c.get_attribute("data-metric"): c.text for c in cells}
+
+
+def drop_or_paste(driver: webdriver.Chrome, path: Path, event: str) -> None:
+    """A synthetic drop / paste of ``path`` as a File (what the OS would hand the page)."""
+    data = base64.b64encode(path.read_bytes()).decode()
+    driver.execute_script(
+        """
+        const [data, name, kind] = arguments;
+        const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([bytes], name, { type: "image/png" }));
+        const init = { bubbles: true, cancelable: true };
+        const event = kind === "drop"
+          ? new DragEvent("drop", { ...init, dataTransfer: transfer })
+          : new ClipboardEvent("paste", { ...init, clipboardData: transfer });
+        document.getElementById(kind === "drop" ? "log" : "prompt").dispatchEvent(event);
+        """,
+        data,
+        path.name,
+        event,
+    )
+    wait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#attachments .chip"))
+
+
+def test_two_turns_second_reports_the_image_cached(browser, open_server, image_file) -> None:
+    open_page(browser, open_server)
+    assert not browser.find_element(By.ID, "key-field").is_displayed()
+    browser.find_element(By.ID, "file-input").send_keys(str(image_file))
+    wait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#attachments .chip"))
+    first = send(browser, "What is in this image?")
+    assert not first["error"], first["text"]
+    assert first["sources"] == ["encoded"]
+    assert set(first["stats"]) == {"prompt_tokens", "cached_tokens", "ttft", "tps"}
+    assert first["stats"]["cached_tokens"] == "cached 0"
+    second = send(browser, "And what colors does it have?")
+    assert not second["error"], second["text"]
+    assert len(second["sources"]) == 1 and second["sources"][0] in CACHED
+    assert int(second["stats"]["cached_tokens"].split()[-1]) > 0
+    wait(browser, 10).until(lambda d: panel(d)["images_encoded"] == "1")
+    values = panel(browser)
+    assert values["encoder_hit_rate"] != "-" and values["prefix_hit_rate"] != "-"
+    assert values["kv_usage"].endswith("%") and values["queue"] == "0 / 0"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "playground-two-turns.png"))
+
+
+def test_with_an_api_key_pasted_and_dropped_images(browser, keyed_server, image_file) -> None:
+    browser.get(f"{keyed_server.url}/")
+    browser.execute_script("sessionStorage.clear()")
+    browser.refresh()
+    wait(browser, 10).until(lambda d: d.find_element(By.ID, "key-field").is_displayed())
+    assert "needs an API key" in browser.find_element(By.ID, "notice").text
+    field = browser.find_element(By.ID, "api-key")
+    field.send_keys(KEY)
+    browser.find_element(By.ID, "prompt").click()  # the key is taken on change
+    wait(browser, 10).until(
+        lambda d: d.execute_script("return document.getElementById('model').value")
+    )
+    wait(browser, 10).until(lambda d: panel(d)["queue"] == "0 / 0")
+    browser.find_element(By.ID, "max-tokens").clear()
+    browser.find_element(By.ID, "max-tokens").send_keys("4")
+    drop_or_paste(browser, image_file, "paste")
+    first = send(browser, "Pasted.")
+    assert not first["error"], first["text"]
+    assert first["sources"] == ["encoded"]
+    drop_or_paste(browser, image_file, "drop")  # the same picture again, as a second image
+    second = send(browser, "Dropped.")
+    assert not second["error"], second["text"]
+    assert second["sources"][0] in CACHED and second["sources"][1] in CACHED
+    assert browser.save_screenshot(str(ARTIFACTS / "playground-api-key.png"))
+
+
+def test_user_text_is_rendered_as_text_never_html(browser, open_server) -> None:
+    open_page(browser, open_server)
+    browser.find_element(By.ID, "new-chat").click()
+    hostile = '<img src=x onerror="window.pwned=1"><b>bold</b> & <script>window.pwned=2</script>'
+    send(browser, hostile)
+    user = browser.find_elements(By.CSS_SELECTOR, ".turn.user .text")[-1]
+    assert user.get_attribute("textContent") == hostile
+    log = browser.find_element(By.ID, "log")
+    assert not log.find_elements(By.CSS_SELECTOR, ".text img, .text b, .text script")
+    assert browser.execute_script("return window.pwned === undefined")
