@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from mmserve.cli import build_parser
-from mmserve.entrypoints.openai.app import HTTPPolicy, build_app
+from mmserve.entrypoints.openai.app import build_app
 from mmserve.entrypoints.openai.cli_args import http_policy
+from mmserve.entrypoints.openai.policy import HTTPPolicy
 from mmserve.entrypoints.openai.server import RunningServer
 from tests.openai_server import serve_model
 

@@ -169,5 +169,8 @@ def test_startup_summary_says_what_runs_and_how_much_fits(server: RunningServer)
         "max concurrency",
         f"per-step budget {engine.encoder_budget} embeddings",
         "serving on http://127.0.0.1, a free port",
+        "playground page at /",
     ):
         assert part in text, part
+    remote = build_parser().parse_args([*ARGV, "--host", "0.0.0.0"])
+    assert "playground" not in startup_summary(engine, remote)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -31,12 +30,12 @@ from mmserve.entrypoints.openai.errors import (
 )
 from mmserve.entrypoints.openai.http_body import read_json_body
 from mmserve.entrypoints.openai.json_guard import DEFAULT_MAX_WAITING, JSONGuard
-from mmserve.entrypoints.openai.limits import RequestLimits
 from mmserve.entrypoints.openai.middleware import (
     AllowedHostsMiddleware,
     APIKeyMiddleware,
     HTTPMetricsMiddleware,
 )
+from mmserve.entrypoints.openai.policy import HTTPPolicy
 from mmserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,18 +48,6 @@ from mmserve.entrypoints.openai.ui_routes import add_ui_routes, ui_files, ui_pat
 from mmserve.version import package_version
 
 OWNED_BY = "mmserve"  # /v1/models' owned_by (vLLM writes "vllm")
-
-
-@dataclass(frozen=True)
-class HTTPPolicy:
-    """Who may call the server and what one request may ask (from the ``serve`` flags)."""
-
-    api_key: str | None = None
-    public_metrics: bool = False
-    allowed_hosts: tuple[str, ...] = ()  # empty: any Host header
-    allowed_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
-    limits: RequestLimits = field(default_factory=RequestLimits)
-    ui: bool = False  # serve the playground page at /
 
 
 def build_app(

@@ -14,9 +14,8 @@ from typing import Any
 
 from mmserve.arg_types import parse_bytes
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints.openai.app import HTTPPolicy
 from mmserve.entrypoints.openai.limits import add_limit_flags, limits_from_args
-from mmserve.entrypoints.openai.ui_routes import ui_default
+from mmserve.entrypoints.openai.policy import HTTPPolicy, ui_default
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
 from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
 

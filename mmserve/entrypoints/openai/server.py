@@ -74,6 +74,7 @@ def startup_summary(engine: LLMEngine, args: argparse.Namespace) -> str:
         f" embeddings, {engine.config.scheduler.max_images_per_prompt} images per prompt\n"
         f"serving on {url} (/v1/chat/completions, /v1/completions,"
         " /v1/models, /tokenize, /detokenize, /health, /ping, /version, /metrics)"
+        + ("; the playground page at /" if http_policy(args).ui else "")
     )
 
 

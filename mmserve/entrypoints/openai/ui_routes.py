@@ -16,7 +16,6 @@ from fastapi.responses import Response
 
 from mmserve.entrypoints.openai.errors import APIError, error_response
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -32,11 +31,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-
-
-def ui_default(host: str) -> bool:
-    """The page is on by default only for a server bound to a loopback address."""
-    return host.strip("[]").lower() in LOOPBACK_HOSTS
 
 
 def ui_files() -> dict[str, tuple[bytes, str]]:
