@@ -52,6 +52,10 @@ class Request:
 
     ``mm_sources[i]`` is how item i's embeddings were obtained (the costliest way so far), None
     until the encoder walk reaches it (an item inside the prefix hit is never reached).
+
+    ``mm_items`` is shared with the worker's state of the request (``NewRequestData``): an
+    item's ``stored`` embedding is replaced by None in place once a step reached it
+    (``drop_reached_stored``); ``may_hold_stored`` is False once no item holds one.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class Request:
         self.sampling_params = sampling_params
         self.mm_items = sorted(mm_items or [], key=lambda item: item.offset)
         self.mm_sources: list[EmbeddingSource | None] = [None] * len(self.mm_items)
+        self.may_hold_stored = True
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.all_token_ids = list(prompt_token_ids)

@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mmserve.core.encoder_scheduling import plan_encoder_inputs
-from mmserve.core.outputs import ModelRunnerOutput
-from tests.core_helpers import fake_step, make_request, make_scheduler
+from mmserve.core.outputs import ModelRunnerOutput, SchedulerOutput
+from mmserve.core.scheduler import Scheduler
+from tests.core_helpers import fake_step, make_request, make_scheduler, run_to_completion
 from tests.test_scheduler_property import check_invariants
 
 
@@ -51,6 +52,58 @@ def test_a_loaded_entry_is_a_cache_hit_for_the_next_request_in_the_step():
     out = sched.schedule()
     assert out.scheduled_encoder_loads == {"r1": [0]} and not out.scheduled_encoder_inputs
     assert sched.counters["encoder_cache_hits"] == 1
+
+
+def sources(sched: Scheduler, outs: list[SchedulerOutput]) -> tuple[list[str], list[str]]:
+    """The item hashes the steps loaded and those they encoded, in step order."""
+    loaded, encoded = [], []
+    for out in outs:
+        for plan, into in (
+            (out.scheduled_encoder_loads, loaded),
+            (out.scheduled_encoder_inputs, encoded),
+        ):
+            into += [
+                f"{r}/{sched.requests[r].mm_items[i].hash}" for r, idx in plan.items() for i in idx
+            ]
+    return loaded, encoded
+
+
+def test_a_load_drops_the_stored_tensor_of_every_occurrence_once_its_step_ran():
+    sched = make_scheduler(budget=10)
+    req = with_stored(make_request("r", [4, ("a", 20), 4, ("b", 20), 4, ("a", 20), 4]), 0, 1, 2)
+    sched.add_request(req)
+    out = sched.schedule()
+    assert out.scheduled_encoder_loads == {"r": [0]}
+    sched.rollback_step(out)  # a step the worker failed keeps the tensors to retry with
+    assert all(item.stored is not None for item in req.mm_items)
+    fake_step(sched)
+    assert [item.stored is None for item in req.mm_items] == [True, False, True]
+    run_to_completion(sched)
+    assert all(item.stored is None for item in req.mm_items) and not req.may_hold_stored
+    assert sched.counters["encoder_store_loads"] == 2  # a once, b once
+
+
+def test_an_evicted_loaded_entry_the_request_needs_again_is_encoded():
+    # room for one image: b's encode evicts a, whose second occurrence follows
+    sched = make_scheduler(budget=200, encoder_capacity=20)
+    req = with_stored(make_request("r", [4, ("a", 20), 4, ("b", 20), 4, ("a", 20), 4]), 0, 2)
+    sched.add_request(req)
+    outs = run_to_completion(sched)
+    sched.requests["r"] = req  # finished: put back to read its items by index
+    assert sources(sched, outs) == (["r/a"], ["r/b", "r/a"])
+
+
+def test_a_preempted_request_encodes_what_it_loaded_before():
+    sched = make_scheduler(num_blocks=4, budget=200, prefix_caching=False)
+    sched.encoder_cache.retain_unreferenced = False  # the encoder cache off: a release evicts
+    old = make_request("old", [16], max_tokens=40)
+    new = with_stored(make_request("new", [4, ("a", 20), 4], max_tokens=10), 0)
+    sched.add_request(old)
+    sched.add_request(new)
+    outs = run_to_completion(sched)
+    assert sched.counters["num_preemptions"] > 0
+    sched.requests["new"] = new
+    assert sources(sched, outs) == (["new/a"], ["new/a"])
 
 
 STORED_IMAGES = {"a": 24, "b": 40, "c": 16}
@@ -108,5 +161,8 @@ def test_random_mixes_of_loads_and_encodes_keep_the_invariants_and_finish(
             if sched.requests[r].num_computed_tokens == sched.requests[r].num_tokens
         }
         sched.update(out, ModelRunnerOutput(sampled_token_ids=sampled))
+        for request in sched.requests.values():  # nothing reached holds its stored tensor
+            reached = {i.key for i in request.mm_items if i.offset < request.num_computed_tokens}
+            assert all(i.stored is None for i in request.mm_items if i.key in reached)
     assert not sched.has_unfinished_requests()  # progress: every request finished
     assert not sched.encoder_cache.referenced and sched.kv.pool.num_used_blocks == 0

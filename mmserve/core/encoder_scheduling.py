@@ -8,6 +8,7 @@ within budget once evicted), so a prompt like [A, B, A] never waits on its own r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from mmserve.core.encoder_cache import EncoderCacheManager
@@ -20,7 +21,10 @@ class EncoderPlan:
 
     An item missing from the cache whose embedding the encoder store returned at admission
     (``MultiModalItem.stored``) is a *load*: it takes cache space like an encode but none of
-    the per-step encoder compute budget.
+    the per-step encoder compute budget. ``stored`` is dropped once a step that ran reached the
+    item (``drop_reached_stored``), so an entry evicted and needed again by the same request
+    (preemption, a later occurrence of the image) is an encode, which the engine's admission
+    checks guarantee fits the per-step budget.
 
     ``blocked_on_space`` says the chunk was cut because the cache had no room (not because of
     the per-step compute budget): the scheduler then lets no later request of the step take
@@ -175,3 +179,28 @@ def release_finished_occurrences(
     for key in finished:
         if key not in in_progress:
             cache.release(key, request.req_id)
+
+
+def drop_reached_stored(request: Request) -> None:
+    """After a step that ran: the items the request has reached (their first token computed,
+    in this step or in a prefix hit) stop holding the encoder store's host tensor, and so do
+    the other occurrences of the same images. Their embeddings are in the encoder cache now
+    (or in the KV cache); holding the host copy for the rest of the request doubled host
+    memory. Cheap once the request holds none: ``Request.may_hold_stored`` is cleared."""
+    if not request.may_hold_stored:
+        return
+    computed = request.num_computed_tokens
+    reached = set()
+    for item in request.mm_items:
+        if item.offset >= computed:
+            break
+        reached.add(item.key)
+    holds = False
+    for idx, item in enumerate(request.mm_items):
+        if item.stored is None:
+            continue
+        if item.key in reached:
+            request.mm_items[idx] = dataclasses.replace(item, stored=None)
+        else:
+            holds = True
+    request.may_hold_stored = holds

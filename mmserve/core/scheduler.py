@@ -10,6 +10,7 @@ from mmserve.core.encoder_scheduling import (
     EncoderCommit,
     EncoderPlan,
     commit_encoder_plan,
+    drop_reached_stored,
     plan_encoder_inputs,
     release_finished_occurrences,
     undo_encoder_commit,
@@ -45,6 +46,9 @@ class Scheduler:
       work <= the encoder compute budget, and an item key is encoded or loaded at most once (a
       load, an item the encoder store returned at admission, takes cache space but no
       encoder budget);
+    - a request holds an item's store embedding (``MultiModalItem.stored``, a host tensor)
+      only until a step that ran reached the item; an entry it needs again after an eviction
+      (preemption, a later occurrence of the image) is encoded, never loaded twice;
     - a request references an item *occurrence* from the step that schedules its first token
       until its last token is computed (or the request ends or is preempted); at a step
       boundary a request therefore holds at most the one entry its computed position is in;
@@ -335,6 +339,7 @@ class Scheduler:
             if request is None:
                 continue  # aborted while the step ran
             release_finished_occurrences(request, num_scheduled, self.encoder_cache)
+            drop_reached_stored(request)
             prompt_logprobs = result.prompt_logprobs.get(req_id)
             if prompt_logprobs is not None:
                 request.add_prompt_logprobs(*prompt_logprobs)

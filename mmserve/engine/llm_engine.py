@@ -42,7 +42,7 @@ from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import MultiModalItem, ProcessedPrompt
 from mmserve.layers.attention import PagedKVCache, select_attention_backend
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
@@ -240,15 +240,19 @@ class LLMEngine:
             if processed.store_lookup is not None:
                 processed.store_lookup.wait(max(0.0, deadline - time.monotonic()))
 
-    def _attach_store_hits(self, processed: ProcessedPrompt) -> None:
-        """Lookups resolved by now become loads; one still pending is a miss (encoded)."""
-        hits = processed.store_lookup.hits()
-        processed.store_lookup = None
-        if hits:
-            processed.mm_items = [
-                dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
-                for item in processed.mm_items
-            ]
+    @staticmethod
+    def _take_store_hits(processed: ProcessedPrompt) -> list[MultiModalItem]:
+        """The prompt's items with the lookups resolved by now attached (loads); one still
+        pending is a miss (encoded). ``processed`` keeps no tensor: a caller may hold it for
+        as long as the request runs (``LLM.generate`` does), the request drops them sooner."""
+        lookup, processed.store_lookup = processed.store_lookup, None
+        hits = {} if lookup is None else lookup.hits()
+        if not hits:
+            return processed.mm_items
+        return [
+            dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
+            for item in processed.mm_items
+        ]
 
     def add_processed(
         self,
@@ -280,16 +284,15 @@ class LLMEngine:
             params = dataclasses.replace(params, max_tokens=room)
         if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
             raise ValueError(f"request id {req_id!r} is already in use")
-        if processed.store_lookup is not None:
-            self._attach_store_hits(processed)
+        items = self._take_store_hits(processed)
         if params.n == 1:
-            self._add_request(req_id, processed, params, prompt_text, cache_salt)
+            self._add_request(req_id, processed, items, params, prompt_text, cache_salt)
         else:
             ids = self.fanout.add(req_id, params.n, prompt_text)
             leader = None
             prefix_caching = self.config.cache.enable_prefix_caching
             for cid, child in zip(ids, child_params(params), strict=True):
-                request = self._add_request(cid, processed, child, None, cache_salt, leader)
+                request = self._add_request(cid, processed, items, child, None, cache_salt, leader)
                 if prefix_caching and leader is None:
                     leader = request
         self.num_prompt_tokens += len(processed.prompt_token_ids)
@@ -299,6 +302,7 @@ class LLMEngine:
         self,
         req_id: str,
         processed: ProcessedPrompt,
+        items: list[MultiModalItem],
         params: SamplingParams,
         prompt_text: str | None,
         cache_salt: str | None,
@@ -308,7 +312,7 @@ class LLMEngine:
             req_id,
             processed.prompt_token_ids,
             params,
-            processed.mm_items,
+            items,
             eos_token_ids=self.config.model.eos_token_ids,
             max_model_len=self.max_model_len,
             cache_salt=cache_salt,

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from mmserve.inputs import MultiModalItem
+from mmserve.layers.transfer import to_device
 from mmserve.models.interface import VisionLanguageModel
 
 logger = logging.getLogger(__name__)
@@ -32,9 +33,12 @@ class EncoderRunner:
     that encoded them fails (the scheduler rolls the matching allocations back);
     ``num_gather_misses`` counts embeddings missing at gather time (0 unless the two sides
     disagree: each is encoded again, outside the step's budget, and logged). A scheduled
-    *load* copies the item's ``stored`` embedding in; one that does not fit its placeholder
-    is encoded instead in the same step (``num_load_failures``). ``sink`` (None: no store)
-    hears of every encoded and every evicted embedding.
+    *load* copies the item's ``stored`` embedding in (to CUDA from pinned memory without
+    blocking; on CPU the stored tensor itself is the entry); one that does not fit its
+    placeholder is encoded instead in the same step (``num_load_failures``). The scheduler
+    drops ``stored`` once the step ran, so an entry evicted and needed again is scheduled as
+    an encode, never as a load. ``sink`` (None: no store) hears of every encoded and every
+    evicted embedding.
     """
 
     def __init__(self, model: VisionLanguageModel, device: torch.device | None = None) -> None:
@@ -83,7 +87,7 @@ class EncoderRunner:
                 self.num_load_failures += 1
                 failed.append(item)
                 continue
-            self.embeddings[item.key] = stored.to(self.device)
+            self.embeddings[item.key] = to_device(stored, self.device)
             self._encoded_this_step.append(item.key)
             self.num_images_loaded += 1
         return failed

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 @dataclass
 class RequestState:
     token_ids: list[int]
+    # the scheduler's ``Request.mm_items`` itself: it drops their ``stored`` tensors in place
     mm_items: list[MultiModalItem]
     params: SamplingParams
     block_table: torch.Tensor  # [num_blocks] long, extended as blocks are added
