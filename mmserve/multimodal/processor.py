@@ -150,8 +150,9 @@ class InputProcessor:
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
     ) -> AnyPreparedVideo:
-        """Check, hash and preprocess one decoded video with the prompt's processor settings
-        (memoized per tenant). Thread-safe."""
+        """Check, hash and preprocess one video as ``load_video`` gives it (decoded and
+        sampled: every frame is used) with the prompt's processor settings (memoized per
+        tenant). Thread-safe."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def _process_image_text(

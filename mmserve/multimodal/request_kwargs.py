@@ -19,7 +19,7 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image_prep import ImagePreparer
-from mmserve.multimodal.video_sampling import VIDEO_KWARGS
+from mmserve.multimodal.video_sampling import VIDEO_KWARGS, without_sampling
 
 FIELD = "mm_processor_kwargs"
 _PIXELS = ("min_pixels", "max_pixels")
@@ -36,11 +36,6 @@ MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used 
 
 def canonical(kwargs: Mapping[str, Any]) -> str:
     return json.dumps(dict(kwargs), sort_keys=True, default=str)
-
-
-def without_sampling(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` without the video sampling keys (what the image and video processors read)."""
-    return {k: v for k, v in kwargs.items() if k not in VIDEO_KWARGS}
 
 
 def check_request_kwargs(
