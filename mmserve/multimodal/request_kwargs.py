@@ -5,7 +5,8 @@ A request's kwargs are merged over the engine's ``--mm-processor-kwargs``; the m
 what the image's content hash (and so its encoder-cache key and the prefix-cache block hashes)
 includes, so two requests with the same image and different kwargs never share embeddings or
 KV blocks. The video sampling keys (``video_sampling.VIDEO_KWARGS``: ``fps``, ``num_frames``,
-``min_frames``, ``max_frames``) are merged the same way but do not select an image preparer.
+``min_frames``, ``max_frames``) are merged the same way but stay out of everything about images
+(``image_kwargs``): their preparer, memo keys and content or uuid hashes.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def check_request_kwargs(
     return None if merged == dict(engine_kwargs) else merged
 
 
+def image_kwargs(
+    engine_kwargs: Mapping[str, Any], merged: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """What the image processor reads of a request's merged kwargs (no video sampling keys),
+    or None when that is the engine's setting."""
+    if merged is None:
+        return None
+    image = without_sampling(merged)
+    return None if image == without_sampling(engine_kwargs) else image
+
+
 class PreparerCache:
     """``ImagePreparer``s for merged kwargs settings other than the engine's.
 
@@ -86,10 +98,7 @@ class PreparerCache:
         self._lock = threading.Lock()
 
     def get(self, merged: dict[str, Any] | None) -> ImagePreparer:
-        if merged is not None:  # video sampling settings do not change the image processor
-            merged = without_sampling(merged)
-            if merged == without_sampling(self.base.model_config.processor_kwargs):
-                merged = None
+        merged = image_kwargs(self.base.model_config.processor_kwargs, merged)
         if merged is None:
             return self.base
         key = canonical(merged)
