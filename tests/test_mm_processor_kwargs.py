@@ -4,7 +4,10 @@ with the same settings, validated by key and value."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from tests.conftest import assert_no_leaks, make_image
@@ -78,3 +81,33 @@ def test_kwargs_beyond_the_encoder_budget_are_the_budget_error():
     with pytest.raises(ValueError, match="an image needs 256 embeddings"):
         llm.generate(request, GREEDY, use_tqdm=False)
     assert_no_leaks(llm)
+
+
+def test_video_sampling_kwargs_leave_the_image_keys_alone(llm):
+    """A request's video sampling keys (``fps`` & co.) do not change its images: the same image
+    with and without them is one memo entry, one encode and the same prefix blocks (by content
+    and by uuid), with the same output; an engine's own ``fps`` leaves image keys alone too."""
+    image = png(make_image(12, (224, 224)))
+    prompt = chat_prompt(1)
+    video = {"fps": 4.0, "max_frames": 16}
+    encoded = llm.get_metrics()["encoder_images_encoded"]
+    for uuids in (None, ["photo"]):
+        base = {"prompt": prompt, "images": [image], "uuids": uuids}
+        plain = llm.generate(base, GREEDY, use_tqdm=False)[0]
+        hits = llm.engine.processor.memo.hits
+        framed = llm.generate({**base, "mm_processor_kwargs": video}, GREEDY, use_tqdm=False)[0]
+        assert llm.engine.processor.memo.hits == hits + 1  # not decoded nor preprocessed again
+        assert framed.num_cached_tokens > 0  # the image's blocks hash the same
+        assert framed.outputs[0].token_ids == plain.outputs[0].token_ids
+    assert llm.get_metrics()["encoder_images_encoded"] == encoded + 2  # content key, uuid key
+    with_fps = LLM(MODEL, processor_kwargs={"fps": 1.0})
+    for uuids in (None, ["photo"]):
+        key = llm.engine.process_inputs(prompt, [image], uuids).mm_items[0].hash
+        assert with_fps.engine.process_inputs(prompt, [image], uuids).mm_items[0].hash == key
+    assert_no_leaks(llm)
+
+
+def png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()

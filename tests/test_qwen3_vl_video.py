@@ -60,21 +60,30 @@ class Qwen3VideoReference:
             Qwen3VLProcessor._calculate_timestamps, self.processor
         )
 
-    def video(self, video: Any) -> tuple[np.ndarray, tuple[int, int, int], str]:
-        """Pixels, grid and placeholder text of one video, sampled by transformers."""
+    def video(
+        self, video: Any, sampling: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, tuple[int, int, int], str]:
+        """Pixels, grid and placeholder text of one video, sampled by transformers (with
+        ``sampling``: its ``fps`` / ``num_frames`` arguments)."""
         frames = video_frames(video)
         total = len(frames.frames)
         metadata = VideoMetadata(total_num_frames=total, fps=frames.fps)
-        metadata.frames_indices = self.video_processor.sample_frames(metadata)
+        metadata.frames_indices = self.video_processor.sample_frames(metadata, **(sampling or {}))
         pixels, grid = preprocess_video(frames.frames[metadata.frames_indices], self.settings)
         inputs = {"video_grid_thw": torch.tensor([grid]), "video_metadata": [metadata]}
         text = Qwen3VLProcessor.replace_video_token(self.processor, inputs, 0)
         return pixels, grid, text
 
-    def inputs(self, text: str, videos: list[Any], images: list[Image.Image]) -> dict[str, Any]:
+    def inputs(
+        self,
+        text: str,
+        videos: list[Any],
+        images: list[Image.Image],
+        sampling: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
         if videos:
-            out = [self.video(v) for v in videos]
+            out = [self.video(v, sampling) for v in videos]
             kwargs["pixel_values_videos"] = torch.from_numpy(np.concatenate([p for p, _, _ in out]))
             kwargs["video_grid_thw"] = torch.tensor([g for _, g, _ in out])
             parts = text.split("<|video_pad|>")
@@ -92,8 +101,14 @@ class Qwen3VideoReference:
         mask = torch.ones_like(input_ids)
         return {"input_ids": input_ids, "attention_mask": mask, "mm_token_type_ids": types} | kwargs
 
-    def greedy(self, text: str, videos: list[Any], images: list[Image.Image] = ()) -> list[int]:
-        inputs = self.inputs(text, videos, list(images))
+    def greedy(
+        self,
+        text: str,
+        videos: list[Any],
+        images: list[Image.Image] = (),
+        sampling: dict[str, Any] | None = None,
+    ) -> list[int]:
+        inputs = self.inputs(text, videos, list(images), sampling)
         with torch.inference_mode():
             out = self.model.generate(**inputs, max_new_tokens=GREEDY.max_tokens, do_sample=False)
         return out[0, inputs["input_ids"].shape[1] :].tolist()
@@ -218,4 +233,28 @@ def test_encoded_video_is_sampled_as_transformers_samples(ref):
     out = llm.generate({"prompt": text, "videos": [data]}, GREEDY, use_tqdm=False)[0]
     assert out.prompt_token_ids == ref.inputs(text, [every], [])["input_ids"][0].tolist()
     assert out.outputs[0].token_ids == ref.greedy(text, [every])
+    assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("encoded", [True, False], ids=["bytes", "frames"])
+@pytest.mark.parametrize("sampling", [{"fps": 4.0}, {"num_frames": 10}], ids=["fps", "num"])
+def test_engine_sampling_above_the_checkpoint_is_applied_once(ref, sampling, encoded):
+    """``--mm-processor-kwargs`` asking for more frames than the checkpoint's 2 fps: the model
+    sees the frames sampled once with them (8 or 10 of 12, not 4), as transformers' video
+    processor samples every frame with the same ``fps`` / ``num_frames``; bytes (sampled by
+    the decoder) and frames given decoded alike."""
+    from mmserve.multimodal.video import decode_video
+    from mmserve.multimodal.video_sampling import VideoSampling
+    from tests.video_helpers import make_video
+
+    data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
+    every = decode_video(data, VideoSampling(fps=None, num_frames=12))
+    llm = LLM(MODEL, seed=0, processor_kwargs=sampling)
+    text = prompt("What happens?")
+    out = llm.generate({"prompt": text, "videos": [data if encoded else every]}, GREEDY, False)[0]
+    expected = ref.inputs(text, [every], [], sampling)["input_ids"][0].tolist()
+    start = QWEN_SPECIAL_TOKEN_IDS["<|vision_start|>"]
+    assert expected.count(start) == 1 + (8 if "fps" in sampling else 10) // 2  # frame groups
+    assert out.prompt_token_ids == expected
+    assert out.outputs[0].token_ids == ref.greedy(text, [every], sampling=sampling)
     assert_no_leaks(llm)

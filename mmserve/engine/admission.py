@@ -179,9 +179,10 @@ class Admission:
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
     ) -> PreparedImage:
         """In a media worker process with the engine's processor settings; in the media
-        threads for sources the workers do not take or per-request ``mm_kwargs``."""
+        threads for sources the workers do not take or per-request image settings."""
         processor = self.engine.processor
-        if self.media_workers is None or not isinstance(source, (bytes, str)) or mm_kwargs:
+        own_settings = processor.image_kwargs(mm_kwargs) is not None
+        if self.media_workers is None or not isinstance(source, (bytes, str)) or own_settings:
             return await self.executors.media(
                 processor.prepare_image, source, cache_salt, mm_kwargs
             )

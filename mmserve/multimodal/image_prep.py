@@ -28,6 +28,7 @@ from mmserve.multimodal.hashing import hash_image
 from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media import checked_image, decode_image, read_image_source
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
+from mmserve.multimodal.video_sampling import without_sampling
 
 PREPROCESSING_ENV = "MMSERVE_IMAGE_PREPROCESSING"
 
@@ -162,9 +163,10 @@ class ImagePreparer:
         return read_image_source(source, self.fetcher)
 
     def content_hash(self, image: Image.Image, pixels: bytes | None = None) -> str:
-        """``pixels``: ``image.tobytes()`` if the caller has it already."""
+        """``pixels``: ``image.tobytes()`` if the caller has it already. The video sampling
+        keys of the processor kwargs are left out: they do not change images."""
         mc = self.model_config
-        return hash_image(image, mc.model, mc.processor_kwargs, pixels)
+        return hash_image(image, mc.model, without_sampling(mc.processor_kwargs), pixels)
 
     def prepare(self, raw: Any) -> PreparedImage:
         """``raw``: encoded bytes, a PIL image, or any source ``read`` accepts."""

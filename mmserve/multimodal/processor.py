@@ -23,10 +23,15 @@ from mmserve.multimodal.qwen3_video import (
     Qwen3VideoSampling,
     timestamp_tokens,
 )
-from mmserve.multimodal.request_kwargs import PreparerCache, canonical, check_request_kwargs
+from mmserve.multimodal.request_kwargs import (
+    PreparerCache,
+    canonical,
+    check_request_kwargs,
+    image_kwargs,
+)
 from mmserve.multimodal.video_inputs import AnyPreparedVideo, VideoInputs
 from mmserve.multimodal.video_prep import PreparedVideo
-from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.video_sampling import VideoSampling, without_sampling
 from mmserve.multimodal.video_source import (
     VideoLoader,
     VideoMemo,
@@ -150,8 +155,9 @@ class InputProcessor:
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
     ) -> AnyPreparedVideo:
-        """Check, hash and preprocess one decoded video with the prompt's processor settings
-        (memoized per tenant). Thread-safe."""
+        """Check, hash and preprocess one video as ``load_video`` gives it (decoded and
+        sampled: every frame is used) with the prompt's processor settings (memoized per
+        tenant). Thread-safe."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def _process_image_text(
@@ -252,6 +258,12 @@ class InputProcessor:
             self.video_loader.sampling_for(merged)  # checks the video settings they make
         return merged
 
+    def image_kwargs(self, mm_kwargs: Any) -> dict[str, Any] | None:
+        """The image processor's settings of a request's ``mm_processor_kwargs`` (checked;
+        video sampling keys left out), or None when they are the engine's."""
+        merged = self.check_mm_kwargs(mm_kwargs)
+        return image_kwargs(self.model_config.processor_kwargs, merged)
+
     def video_sampling(self, mm_kwargs: Any = None) -> VideoSampling:
         """The frame sampling of a request with these ``mm_processor_kwargs``."""
         return self.video_loader.sampling_for(self.check_mm_kwargs(mm_kwargs))
@@ -283,11 +295,13 @@ class InputProcessor:
         merged_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The encoder-cache key: content hash, or the caller's uuid bound to the image's size
-        and token count; either scoped by the tenant's ``cache_salt``."""
+        and token count (and the image processor's kwargs); either scoped by the tenant's
+        ``cache_salt``."""
         mm_hash = prepared.mm_hash
         if uuid is not None:
             mc = self.model_config
             kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
+            kwargs = without_sampling(kwargs)
             mm_hash = hash_uuid(uuid, mc.model, kwargs, prepared.length, prepared.size)
         return salted(mm_hash, cache_salt)
 
@@ -299,7 +313,7 @@ class InputProcessor:
         settings. Thread-safe."""
         if not self.preparer.accepts_images:
             raise ValueError("this model does not accept images")
-        merged = self.check_mm_kwargs(mm_kwargs)
+        merged = self.image_kwargs(mm_kwargs)
         preparer = self.preparers.get(merged)
         raw = preparer.read(source)
         if isinstance(raw, Image.Image):
@@ -332,7 +346,7 @@ def memo_key(
     raw: bytes | str, cache_salt: str | None = None, merged_kwargs: dict[str, Any] | None = None
 ) -> str:
     """The memo key of encoded image bytes (or of a data URL, before decoding it), per tenant
-    and per processor setting (None: the engine's)."""
+    and per image processor setting (``image_kwargs``; None: the engine's)."""
     kind, data = ("url", raw.encode()) if isinstance(raw, str) else ("raw", raw)
     setting = "" if merged_kwargs is None else canonical(merged_kwargs)
     return f"{cache_salt or ''}|{setting}|{kind}:{blake3.blake3(data).hexdigest()}"

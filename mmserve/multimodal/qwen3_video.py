@@ -5,16 +5,21 @@ samples without torchvision, only its ``resize`` needs it, so the pixels go thro
 ``video_processing.preprocess_video`` (the same torch calls) at the size Qwen3-VL's
 ``smart_resize`` gives (its pixel limits count every frame of the video).
 
-Sampling (``do_sample_frames``, on by default) keeps ``int(n / fps * target_fps)`` frames,
-clamped to [min_frames, max_frames] and never more than given, evenly spaced; each kept
-frame keeps its timestamp. Each frame group (two frames) is announced by the mean timestamp
-of its frames (the last frame repeated for an odd count), written ``<{t:.1f} seconds>``:
-``Qwen3VLProcessor.replace_video_token`` turns a video's ``<|video_pad|>`` into, per group,
-that text + ``<|vision_start|>`` + its ``<|video_pad|>`` tokens + ``<|vision_end|>``.
+Sampling (``Qwen3VideoSampling``: the checkpoint's ``fps``, ``min_frames``, ``max_frames``,
+then the engine's and the request's ``mm_processor_kwargs``) happens once, where a video is
+loaded: the decoder picks the frames of encoded videos, and frames given already decoded are
+sampled (``do_sample_frames``, on by default) as transformers samples them: ``num_frames``, else
+``int(n / fps * target_fps)`` frames clamped to [min_frames, max_frames] and never more than
+given, evenly spaced; each kept frame keeps its timestamp. Each frame group (two frames) is
+announced by the mean timestamp of its frames (the last frame repeated for an odd count),
+written ``<{t:.1f} seconds>``: ``Qwen3VLProcessor.replace_video_token`` turns a video's
+``<|video_pad|>`` into, per group, that text + ``<|vision_start|>`` + its ``<|video_pad|>``
+tokens + ``<|vision_end|>``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,7 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
 
 from mmserve.inputs import VideoFrames
 from mmserve.multimodal.video_processing import _RESAMPLE, VideoSettings
-from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.video_sampling import VideoSampling, without_sampling
 
 QWEN3_VL_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 _CONFIG_FILES = (
@@ -39,13 +44,9 @@ _CONFIG_FILES = (
 
 @dataclass(frozen=True)
 class Qwen3VideoSettings(VideoSettings):
-    """``VideoSettings`` plus frame sampling; ``min_pixels`` / ``max_pixels`` bound the
-    pixels of all frames together (``size``'s shortest / longest edge)."""
-
-    fps: float
-    min_frames: int
-    max_frames: int
-    do_sample_frames: bool
+    """``VideoSettings`` of Qwen3-VL (its frames are sampled by ``Qwen3VideoSampling``);
+    ``min_pixels`` / ``max_pixels`` bound the pixels of all frames together (``size``'s
+    shortest / longest edge)."""
 
     def frame_size(self, height: int, width: int, num_frames: int) -> tuple[int, int]:
         """``Qwen3VLVideoProcessor.resize``'s size (ValueError for fewer than two frames)."""
@@ -67,21 +68,6 @@ class Qwen3VideoSettings(VideoSettings):
         )
         return int(h), int(w)
 
-    def sample(self, frames: VideoFrames) -> VideoFrames:
-        """``Qwen3VLVideoProcessor.sample_frames`` with the video's own rate as metadata."""
-        total = len(frames.frames)
-        if not self.do_sample_frames:
-            return frames
-        # the tolerance keeps frames the engine's decoder sampled at this rate (their rate can
-        # come out a rounding error above it) from being sampled again
-        num = int(total / frames.fps * self.fps + 1e-6)
-        num = min(max(num, self.min_frames), self.max_frames, total)
-        if num == total:
-            return frames
-        indices = np.linspace(0, total - 1, num).round().astype(int)
-        stamps = tuple(frames.timestamps[i] for i in indices.tolist())
-        return VideoFrames(frames.frames[indices], frames.fps, stamps)
-
     def group_timestamps(self, frames: VideoFrames) -> tuple[float, ...]:
         """Mean timestamp of each frame group (``Qwen3VLProcessor._calculate_timestamps``)."""
         stamps = list(frames.timestamps)
@@ -102,8 +88,29 @@ class Qwen3VideoSettings(VideoSettings):
 
 @dataclass(frozen=True)
 class Qwen3VideoSampling(VideoSampling):
-    """The decoder's frame choice as ``Qwen3VLVideoProcessor.sample_frames`` makes it: no
-    rounding to the temporal patch size, indices ``linspace(0, total - 1, n).round()``."""
+    """The frame choice of ``Qwen3VLVideoProcessor.sample_frames``: no rounding to the
+    temporal patch size, indices ``linspace(0, total - 1, n).round()``; ``sample_given``:
+    whether frames given already decoded are sampled too (its ``do_sample_frames``)."""
+
+    sample_given: bool = True
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: Path | None, image_processor: Any = None, kwargs: Mapping[str, Any] = {}
+    ) -> Qwen3VideoSampling:
+        """``Qwen3VLVideoProcessor.from_pretrained(path)``'s sampling settings with ``kwargs``
+        (the engine's ``--mm-processor-kwargs``) applied."""
+        proc = _video_processor(None if path is None else Path(path), {})
+        checkpoint = cls(
+            fps=float(proc.fps),
+            min_frames=int(proc.min_frames),
+            max_frames=int(proc.max_frames),
+            temporal_patch_size=int(proc.temporal_patch_size),
+            sample_given=bool(proc.do_sample_frames),
+        )
+        sampling = checkpoint.with_kwargs(kwargs)
+        assert isinstance(sampling, Qwen3VideoSampling)
+        return sampling
 
     def num_sampled(self, total_frames: int, video_fps: float) -> int:
         if self.num_frames is not None:
@@ -120,19 +127,40 @@ class Qwen3VideoSampling(VideoSampling):
         count = self.num_sampled(total_frames, video_fps)
         return np.linspace(0, total_frames - 1, count).round().astype(int).tolist()
 
+    def sample_frames(self, frames: VideoFrames) -> VideoFrames:
+        """``frames`` (given already decoded) as ``sample_frames`` samples them, with their
+        rate as metadata; each kept frame keeps its time."""
+        total = len(frames.frames)
+        if not self.sample_given:
+            return frames
+        indices = self.indices(total, frames.fps)
+        if len(indices) == total:
+            return frames
+        rate = len(indices) / total * frames.fps
+        stamps = tuple(frames.timestamps[i] for i in indices)
+        return VideoFrames(frames.frames[indices], rate, stamps)
+
+
+def _video_processor(path: Path | None, kwargs: dict[str, Any]) -> Qwen3VLVideoProcessor:
+    """``Qwen3VLVideoProcessor.from_pretrained(path, **kwargs)`` (its class defaults without a
+    config file); ValueError for ``num_frames`` (sampling is by fps)."""
+    if path is not None and any((path / name).is_file() for name in _CONFIG_FILES):
+        proc = Qwen3VLVideoProcessor.from_pretrained(path, **kwargs)
+    else:
+        proc = Qwen3VLVideoProcessor(**kwargs)
+    if proc.num_frames is not None:
+        raise ValueError("video processor num_frames is not supported (sample by fps)")
+    return proc
+
 
 def load_qwen3_video_settings(
     path: Path | str, kwargs: dict[str, Any] | None = None
 ) -> Qwen3VideoSettings:
     """``Qwen3VLVideoProcessor.from_pretrained(path, **kwargs)``'s settings; ValueError for
-    settings ``preprocess_video`` does not implement."""
-    path = Path(path)
-    kwargs = dict(kwargs or {})
-    if any((path / name).is_file() for name in _CONFIG_FILES):
-        proc = Qwen3VLVideoProcessor.from_pretrained(path, **kwargs)
-    else:
-        proc = Qwen3VLVideoProcessor(**kwargs)
-    size = proc.size
+    settings ``preprocess_video`` does not implement. The sampling keys of ``kwargs`` are
+    ``Qwen3VideoSampling``'s, not read here."""
+    proc = _video_processor(Path(path), without_sampling(kwargs or {}))
+    size: Any = proc.size  # a SizeDict once loaded (the class attribute is a dict)
     if not proc.do_resize or not size.shortest_edge or not size.longest_edge:
         raise ValueError(
             f"video processor size {size} (do_resize={proc.do_resize}) is not supported"
@@ -140,8 +168,6 @@ def load_qwen3_video_settings(
     resample = _RESAMPLE.get(int(proc.resample))
     if resample is None:
         raise ValueError(f"video processor resample={proc.resample} is not supported")
-    if proc.num_frames is not None:
-        raise ValueError("video processor num_frames is not supported (sample by fps)")
     normalize = bool(proc.do_normalize)
     settings = Qwen3VideoSettings(
         min_pixels=int(size.shortest_edge),
@@ -155,10 +181,6 @@ def load_qwen3_video_settings(
         resample=resample,
         cap_pixels_per_frame=bool(proc.cap_pixels_per_frame),
         max_video_tokens=int(proc.max_video_tokens),
-        fps=float(proc.fps),
-        min_frames=int(proc.min_frames),
-        max_frames=int(proc.max_frames),
-        do_sample_frames=bool(proc.do_sample_frames),
     )
     if not 0 < settings.min_pixels <= settings.max_pixels:
         raise ValueError(f"video processor needs 0 < min_pixels <= max_pixels, got {size}")

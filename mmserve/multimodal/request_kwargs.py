@@ -5,7 +5,8 @@ A request's kwargs are merged over the engine's ``--mm-processor-kwargs``; the m
 what the image's content hash (and so its encoder-cache key and the prefix-cache block hashes)
 includes, so two requests with the same image and different kwargs never share embeddings or
 KV blocks. The video sampling keys (``video_sampling.VIDEO_KWARGS``: ``fps``, ``num_frames``,
-``min_frames``, ``max_frames``) are merged the same way but do not select an image preparer.
+``min_frames``, ``max_frames``) are merged the same way but stay out of everything about images
+(``image_kwargs``): their preparer, memo keys and content or uuid hashes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image_prep import ImagePreparer
-from mmserve.multimodal.video_sampling import VIDEO_KWARGS
+from mmserve.multimodal.video_sampling import VIDEO_KWARGS, without_sampling
 
 FIELD = "mm_processor_kwargs"
 _PIXELS = ("min_pixels", "max_pixels")
@@ -36,11 +37,6 @@ MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used 
 
 def canonical(kwargs: Mapping[str, Any]) -> str:
     return json.dumps(dict(kwargs), sort_keys=True, default=str)
-
-
-def without_sampling(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` without the video sampling keys (what the image and video processors read)."""
-    return {k: v for k, v in kwargs.items() if k not in VIDEO_KWARGS}
 
 
 def check_request_kwargs(
@@ -76,6 +72,17 @@ def check_request_kwargs(
     return None if merged == dict(engine_kwargs) else merged
 
 
+def image_kwargs(
+    engine_kwargs: Mapping[str, Any], merged: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """What the image processor reads of a request's merged kwargs (no video sampling keys),
+    or None when that is the engine's setting."""
+    if merged is None:
+        return None
+    image = without_sampling(merged)
+    return None if image == without_sampling(engine_kwargs) else image
+
+
 class PreparerCache:
     """``ImagePreparer``s for merged kwargs settings other than the engine's.
 
@@ -91,10 +98,7 @@ class PreparerCache:
         self._lock = threading.Lock()
 
     def get(self, merged: dict[str, Any] | None) -> ImagePreparer:
-        if merged is not None:  # video sampling settings do not change the image processor
-            merged = without_sampling(merged)
-            if merged == without_sampling(self.base.model_config.processor_kwargs):
-                merged = None
+        merged = image_kwargs(self.base.model_config.processor_kwargs, merged)
         if merged is None:
             return self.base
         key = canonical(merged)

@@ -19,13 +19,14 @@ from mmserve.multimodal.onevision_video import (
     preprocessed_onevision,
 )
 from mmserve.multimodal.qwen3_video import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
-from mmserve.multimodal.request_kwargs import canonical, without_sampling
+from mmserve.multimodal.request_kwargs import canonical
 from mmserve.multimodal.video_prep import PreparedVideo, checked_video, hash_video, preprocessed
 from mmserve.multimodal.video_processing import (
     VIDEO_ARCHITECTURES,
     VideoSettings,
     load_video_settings,
 )
+from mmserve.multimodal.video_sampling import without_sampling
 
 AnyPreparedVideo = PreparedVideo | PreparedOnevisionVideo
 

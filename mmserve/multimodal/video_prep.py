@@ -126,10 +126,10 @@ def hash_video(frames: VideoFrames, model_id: str, settings: VideoSettings) -> s
 
 
 def checked_video(video: Any, settings: VideoSettings, max_tokens: int | None) -> VideoFrames:
-    """``video_frames(video)`` as the processor samples it (``settings.sample``), refused
-    (ValueError) when its placeholders alone exceed ``max_tokens`` (checked from the shape,
-    before any preprocessing)."""
-    frames = settings.sample(video_frames(video))
+    """``video_frames(video)`` (sampled already: every frame is used), refused (ValueError)
+    when its placeholders alone exceed ``max_tokens`` (checked from the shape, before any
+    preprocessing)."""
+    frames = video_frames(video)
     tokens = video_tokens(frames, settings)
     if max_tokens is not None and tokens > max_tokens:
         num, height, width = frames.frames.shape[:3]

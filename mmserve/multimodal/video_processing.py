@@ -93,10 +93,6 @@ class VideoSettings:
         t = math.ceil(num_frames / self.temporal_patch_size)
         return t, h // self.patch_size, w // self.patch_size
 
-    def sample(self, frames: VideoFrames) -> VideoFrames:
-        """The frames the processor keeps: all of them (Qwen2-VL does not sample)."""
-        return frames
-
     def group_timestamps(self, frames: VideoFrames) -> tuple[float, ...]:
         """Seconds announced before each frame group in the prompt: none (Qwen2-VL)."""
         return ()

@@ -18,11 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from mmserve.inputs import VideoFrames
+
 #: the ``mm_processor_kwargs`` keys of frame sampling (not the image processor's);
 #: ``do_sample_frames`` (vLLM clients send ``true``) may only be true: frames are always sampled
 VIDEO_KWARGS = ("fps", "num_frames", "min_frames", "max_frames", "do_sample_frames")
 _FIELDS = ("fps", "num_frames", "min_frames", "max_frames", "temporal_patch_size")
 VIDEO_CONFIG_FILE = "video_preprocessor_config.json"
+
+
+def without_sampling(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the video sampling keys (what the image and video processors read)."""
+    return {k: v for k, v in kwargs.items() if k not in VIDEO_KWARGS}
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,11 @@ class VideoSampling:
         length = math.ceil(total_frames / step)
         values = (np.arange(length, dtype=np.float64) * step).astype(np.float32)
         return [int(i) for i in values.astype(np.int64)]
+
+    def sample_frames(self, frames: VideoFrames) -> VideoFrames:
+        """Frames given already decoded, as the model's video processor samples them: all of
+        them (Qwen2-VL's does not sample)."""
+        return frames
 
 
 def sampled_timing(

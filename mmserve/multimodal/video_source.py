@@ -114,10 +114,12 @@ class VideoLoader:
         raise ValueError(f"unsupported video input of type {type(source).__name__}")
 
     def load(self, source: Any, sampling: VideoSampling | None = None) -> VideoFrames:
-        """``source`` decoded and sampled (default: the engine's sampling)."""
+        """``source`` decoded and sampled (default: the engine's sampling); frames given
+        decoded are sampled as the model's video processor samples them."""
         sampling = sampling or self.sampling
         if not is_encoded(source):
-            return checked_frames(source, sampling.fps or DEFAULT_FRAMES_FPS, self.limits)
+            frames = checked_frames(source, sampling.fps or DEFAULT_FRAMES_FPS, self.limits)
+            return sampling.sample_frames(frames)
         return decode_video(self.read(source), sampling, self.limits)
 
 
