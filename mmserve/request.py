@@ -50,8 +50,9 @@ class Request:
     again. ``prompt_logprobs`` holds one entry per prompt token after the first (if asked for),
     in order; a recomputed chunk (after preemption) does not add entries twice.
 
-    ``mm_sources[i]`` is how item i's embeddings were obtained (the costliest way so far), None
-    until the encoder walk reaches it (an item inside the prefix hit is never reached).
+    ``mm_sources[i]`` is how item i's embeddings were obtained (the costliest way so far): set
+    at an admission whose prefix hit covers the item, or when the encoder walk commits it;
+    None until then.
 
     ``mm_items`` is shared with the worker's state of the request (``NewRequestData``): an
     item's ``stored`` embedding is replaced by None in place once a step reached it

@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=4)
 # the question is longer than a KV block: a repeat's prefix hit covers the whole image
 ONE_IMAGE = "USER: <image>\nWhat is it? Describe its colors, its shapes and its mood. ASSISTANT:"
 ENCODED, STORE = EmbeddingSource.ENCODED, EmbeddingSource.ENCODER_STORE
-CACHE = EmbeddingSource.ENCODER_CACHE
+CACHE, PREFIX = EmbeddingSource.ENCODER_CACHE, EmbeddingSource.PREFIX_CACHE
 
 
 def test_scheduler_records_encoded_then_cache_hit_per_occurrence():
@@ -40,9 +40,30 @@ def test_an_image_inside_the_prefix_hit_is_never_walked():
     again = make_request("b", layout)
     sched.add_request(again)
     run_to_completion(sched)
-    assert again.num_cached_tokens >= 32 and again.mm_sources == [None]
-    usage = summarize_media(again.mm_items, again.mm_sources, again.num_cached_tokens)
+    assert again.num_cached_tokens >= 32 and again.mm_sources == [PREFIX]
+    usage = summarize_media(again.mm_items, again.mm_sources)
     assert [(u.modality, u.index, u.source) for u in usage] == [("image", 0, "prefix_cache")]
+
+
+def test_a_request_resumed_onto_a_prefix_hit_reports_the_image_from_the_prefix_cache():
+    """``b`` is preempted before its image; ``a`` computes the image's blocks meanwhile, so
+    ``b``'s resume hits them: its first admission hit nothing, yet the image came from the
+    prefix cache (it read ``not_computed`` when the label was inferred from the first hit)."""
+    sched = make_scheduler(block_size=16, budget=16)
+    layout: list = [16, ("A", 16), 20]
+    first, second = make_request("a", layout), make_request("b", layout)
+    sched.add_request(first)
+    sched.add_request(second)
+    sched.update(sched.schedule(only={"b"}), ModelRunnerOutput())  # b: its text [0, 16)
+    sched.running.remove(second)
+    sched._preempt(second)
+    while not first.is_finished:  # a alone: it computes the image's blocks
+        out = sched.schedule(only={"a"})
+        done = first.num_computed_tokens == first.num_tokens
+        sched.update(out, ModelRunnerOutput(sampled_token_ids={"a": 7} if done else {}))
+    run_to_completion(sched)
+    assert second.is_finished and second.num_cached_tokens == 0
+    assert first.mm_sources == [ENCODED] and second.mm_sources == [PREFIX]
 
 
 def test_a_rolled_back_step_forgets_the_sources_it_recorded():
@@ -78,8 +99,8 @@ def test_summary_groups_video_frame_groups_and_pan_and_scan_crops_per_input():
         MultiModalItem("gem#0", 20, 3, crop=0),  # the crops' image again: a new input
         MultiModalItem("gem#1", 23, 3, crop=1),
     ]
-    sources = [ENCODED, None, CACHE, ENCODED, STORE, CACHE, CACHE, None, None]
-    usage = summarize_media(items, sources, num_cached_tokens=6)
+    sources = [ENCODED, PREFIX, CACHE, ENCODED, STORE, CACHE, CACHE, None, None]
+    usage = summarize_media(items, sources)
     assert [u.as_dict() for u in usage] == [
         {"type": "image", "index": 0, "tokens": 4, "source": "encoded",
          "pieces": {"encoded": 1}},

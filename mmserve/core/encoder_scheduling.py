@@ -137,6 +137,15 @@ def commit_encoder_plan(
             commit.allocated.append(item.key)
 
 
+def note_prefix_hits(request: Request, num_hit: int, commit: EncoderCommit) -> None:
+    """At an admission (the first or a resume after preemption): the items wholly inside its
+    prefix hit were served by the prefix cache (unless something costlier served them)."""
+    for idx, item in enumerate(request.mm_items):
+        if item.end > num_hit:
+            break
+        _note_source(request, idx, EmbeddingSource.PREFIX_CACHE, commit)
+
+
 def _note_source(
     request: Request, idx: int, source: EmbeddingSource, commit: EncoderCommit
 ) -> None:

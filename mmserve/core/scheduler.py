@@ -11,6 +11,7 @@ from mmserve.core.encoder_scheduling import (
     EncoderPlan,
     commit_encoder_plan,
     drop_reached_stored,
+    note_prefix_hits,
     plan_encoder_inputs,
     release_finished_occurrences,
     undo_encoder_commit,
@@ -234,6 +235,7 @@ class Scheduler:
             if request.status == RequestStatus.WAITING:  # first admission, not a resume
                 request.num_cached_tokens = num_hit
                 self.kv.record_prefix_query(request.num_tokens, num_hit)
+            note_prefix_hits(request, num_hit, entry.encoder)
             entry.admitted = True
             entry.waiting_index = self.waiting.index(request)
             del self.waiting[entry.waiting_index]

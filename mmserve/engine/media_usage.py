@@ -20,25 +20,15 @@ def _starts_input(item: MultiModalItem, previous: MultiModalItem | None) -> bool
     return item.crop == 0
 
 
-def _label(item: MultiModalItem, source: EmbeddingSource | None, num_cached: int) -> str:
-    if source is not None:
-        return source.label
-    if item.end <= num_cached:  # inside the prefix hit: the walk never needed it
-        return EmbeddingSource.PREFIX_CACHE.label
-    return NOT_COMPUTED
-
-
 def summarize_media(
-    items: Sequence[MultiModalItem],
-    sources: Sequence[EmbeddingSource | None],
-    num_cached_tokens: int,
+    items: Sequence[MultiModalItem], sources: Sequence[EmbeddingSource | None]
 ) -> list[MediaUsage]:
     """One ``MediaUsage`` per image / video in prompt order: a video's frame groups and an
-    image's crops are pieces of one input."""
+    image's crops are pieces of one input. A piece without a source was never reached."""
     grouped: list[tuple[str, list[int], dict[str, int]]] = []
     previous: MultiModalItem | None = None
     for item, source in zip(items, sources, strict=True):
-        label = _label(item, source, num_cached_tokens)
+        label = NOT_COMPUTED if source is None else source.label
         if _starts_input(item, previous):
             grouped.append((item.modality, [], {}))
         _, lengths, pieces = grouped[-1]

@@ -101,9 +101,7 @@ class OutputProcessor:
             prompt_logprobs=None
             if request.sampling_params.prompt_logprobs is None
             else request.prompt_logprobs,
-            media_usage=summarize_media(
-                request.mm_items, request.mm_sources, request.num_cached_tokens
-            )
+            media_usage=summarize_media(request.mm_items, request.mm_sources)
             if finished and request.mm_items
             else [],
         )
