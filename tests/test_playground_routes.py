@@ -30,6 +30,10 @@ def server() -> Iterator[RunningServer]:
         ([], True),
         (["--host", "localhost"], True),
         (["--host", "::1"], True),
+        (["--host", "127.0.0.2"], True),
+        (["--host", "::ffff:127.0.0.1"], True),
+        (["--host", "::"], False),
+        (["--host", "example.com"], False),
         (["--host", "0.0.0.0"], False),
         (["--host", "0.0.0.0", "--ui"], True),
         (["--no-ui"], False),
@@ -73,8 +77,9 @@ def test_every_module_the_page_imports_is_served(server: RunningServer) -> None:
 
 
 def test_without_ui_there_is_no_page(server: RunningServer) -> None:
-    app = build_app(server.engine, served_model_names=["m"], policy=HTTPPolicy(ui=False))
+    names = ["tiny-llava"]  # the shared server's metric label stays its own
+    app = build_app(server.engine, served_model_names=names, policy=HTTPPolicy(ui=False))
     paths = {getattr(route, "path", None) for route in app.routes}
     assert "/" not in paths and "/ui/{name}" not in paths
-    with_page = build_app(server.engine, served_model_names=["m"], policy=HTTPPolicy(ui=True))
+    with_page = build_app(server.engine, served_model_names=names, policy=HTTPPolicy(ui=True))
     assert "/" in {getattr(route, "path", None) for route in with_page.routes}

@@ -20,7 +20,11 @@ serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserv
 
 from mmserve.bench.servers import free_port  # noqa: E402
 from mmserve.entrypoints.openai.server import RunningServer  # noqa: E402
-from mmserve.entrypoints.ray.app import build_app, namespace_from_config  # noqa: E402
+from mmserve.entrypoints.ray.app import (  # noqa: E402
+    app_builder,
+    build_app,
+    namespace_from_config,
+)
 from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTOR  # noqa: E402
 from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
 from tests.conftest import make_image  # noqa: E402
@@ -295,3 +299,13 @@ def test_flags_reach_the_deployments_unchanged() -> None:
     assert kwargs == {"load_factor": 2.0, "policy": "pow2"}
     with pytest.raises(ValueError, match="--routing-load-factor"):
         build_app(namespace_from_config({**SETTINGS, "routing_load_factor": 0.5}))
+
+
+def test_config_booleans_and_the_page_default_under_serve_run() -> None:
+    """``ui: false`` in a config is ``--no-ui``; ``serve run`` binds where Serve's http_options
+    say, so there the page is off unless the config turns it on."""
+    assert namespace_from_config({**SETTINGS, "ui": False}).ui is False
+    assert namespace_from_config({**SETTINGS, "ui": True}).ui is True
+    assert namespace_from_config({**SETTINGS, "public_metrics": False}).public_metrics is False
+    assert app_builder(SETTINGS)._bound_deployment.init_args[1].ui is False
+    assert app_builder({**SETTINGS, "ui": True})._bound_deployment.init_args[1].ui is True

@@ -3,16 +3,24 @@ served. Free of FastAPI and torch, so ``serve --help`` and flag errors stay fast
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from mmserve.entrypoints.openai.limits import RequestLimits
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-
 
 def ui_default(host: str) -> bool:
-    """The playground page is on by default only for a server bound to a loopback address."""
-    return host.strip("[]").lower() in LOOPBACK_HOSTS
+    """The playground page is on by default only for a server bound to a loopback address
+    (``localhost``, 127.0.0.0/8, ``::1``, IPv4-mapped loopback)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 @dataclass(frozen=True)

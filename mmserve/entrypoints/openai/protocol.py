@@ -156,7 +156,8 @@ class PromptTokensDetails(BaseModel):
 
 
 class MediaInputUsage(BaseModel):
-    """mmserve's extension (docs/api.md): how one image / video got its embeddings."""
+    """mmserve's extension (README, ``usage.mm_inputs``): how one image / video got its
+    embeddings."""
 
     type: Literal["image", "video"]
     index: int

@@ -121,11 +121,22 @@ def build_app(args: argparse.Namespace) -> Application:
 def namespace_from_config(config: dict[str, Any]) -> argparse.Namespace:
     """``serve`` flags from a dict of their names (``max_num_seqs: 8``, ``replicas: 2``),
     parsed by the CLI's own parser, so a config file is checked exactly like the command."""
+    parser = argparse.ArgumentParser(prog="mmserve")
+    commands = parser.add_subparsers(dest="command")
+    add_serve_parser(commands)
+    negatable = {
+        option
+        for action in commands.choices["serve"]._actions
+        if isinstance(action, argparse.BooleanOptionalAction)
+        for option in action.option_strings
+    }
     argv: list[str] = []
     for name, value in config.items():
         flag = "--" + name.replace("_", "-")
         if value is True:
             argv.append(flag)
+        elif value is False and "--no-" + flag[2:] in negatable:
+            argv.append("--no-" + flag[2:])
         elif value is False or value is None:
             continue
         elif isinstance(value, (list, tuple)):
@@ -136,12 +147,11 @@ def namespace_from_config(config: dict[str, Any]) -> argparse.Namespace:
             argv += [flag, json.dumps(value)]
         else:
             argv += [flag, str(value)]
-    parser = argparse.ArgumentParser(prog="mmserve")
-    add_serve_parser(parser.add_subparsers(dest="command"))
     return parser.parse_args(["serve", *argv])
 
 
 def app_builder(config: dict[str, Any]) -> Application:
     """``serve run mmserve.entrypoints.ray.app:app_builder model=tiny-llava replicas=2``, or a
-    config file's ``import_path`` with ``args``."""
-    return build_app(namespace_from_config(dict(config)))
+    config file's ``import_path`` with ``args``. The playground page is off unless the config
+    says ``ui: true``: Serve's ``http_options`` decide where the proxy listens, not ``host``."""
+    return build_app(namespace_from_config({"ui": False, **config}))

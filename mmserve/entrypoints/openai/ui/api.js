@@ -1,10 +1,11 @@
 // The server's HTTP API as the page uses it: the OpenAI endpoints on this origin, the API key
-// (kept for the browser tab only), and the chat stream parsed from server-sent events.
+// (held in this page's memory only: no storage another page of the origin could read), and
+// the chat stream parsed from server-sent events.
 
 export class ApiError extends Error {
   constructor(status, message) {
     super(message);
-    this.status = status;
+    this.status = typeof status === "number" ? status : 0;
   }
 }
 
@@ -21,12 +22,11 @@ async function errorOf(response) {
 
 export class Api {
   constructor() {
-    this.key = sessionStorage.getItem("mmserve-api-key") || "";
+    this.key = "";
   }
 
   setKey(key) {
     this.key = key;
-    sessionStorage.setItem("mmserve-api-key", key);
   }
 
   headers(extra = {}) {
@@ -62,20 +62,22 @@ export class Api {
     let buffered = "";
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) break;
-      buffered += decoder.decode(value, { stream: true });
+      if (done) throw new ApiError(0, "the stream ended before the reply was complete");
+      buffered += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
       let end;
       while ((end = buffered.indexOf("\n\n")) >= 0) {
         const block = buffered.slice(0, end);
         buffered = buffered.slice(end + 2);
-        for (const line of block.split("\n")) {
-          if (!line.startsWith("data:")) continue;
-          const data = line.slice(5).trim();
-          if (data === "[DONE]") return;
-          const event = JSON.parse(data);
-          if (event.error) throw new ApiError(event.error.code || 500, event.error.message);
-          yield event;
-        }
+        const data = block
+          .split("\n")
+          .filter((line) => line.startsWith("data:"))
+          .map((line) => line.slice(5).trim())
+          .join("\n");
+        if (!data) continue;
+        if (data === "[DONE]") return;
+        const event = JSON.parse(data);
+        if (event.error) throw new ApiError(event.error.code, event.error.message);
+        yield event;
       }
     }
   }

@@ -14,11 +14,11 @@ export function parseMetrics(text) {
 }
 
 function ratio(part, whole) {
-  return whole > 0 ? `${((100 * part) / whole).toFixed(1)} %` : "-";
+  return whole > 0 && Number.isFinite(part) ? `${((100 * part) / whole).toFixed(1)} %` : "-";
 }
 
 function count(value) {
-  return value === undefined ? "-" : Math.round(value).toLocaleString("en-US");
+  return Number.isFinite(value) ? Math.round(value).toLocaleString("en-US") : "-";
 }
 
 // The panel's values from the samples ("-" where the server does not export one).

@@ -88,12 +88,17 @@ function setBusy(busy) {
 async function send() {
   const text = $("prompt").value.trim();
   if (chat.controller || (!text && !chat.pending.length)) return;
+  if (!$("model").value) {
+    notice("No model to send to: the model list has not loaded.");
+    return;
+  }
+  const messages = chat.messages; // this conversation's ("New chat" starts another)
   const images = chat.pending.splice(0);
   showAttachments();
   $("prompt").value = "";
   const parts = images.map((image) => ({ type: "image_url", image_url: { url: image.url } }));
   if (text) parts.push({ type: "text", text });
-  chat.messages.push({ role: "user", content: images.length ? parts : text });
+  messages.push({ role: "user", content: images.length ? parts : text });
   chat.images.push(...images);
   const asked = userTurn(text, images);
   const reply = assistantTurn($("model").value);
@@ -107,28 +112,32 @@ async function send() {
   let answer = "";
   let usage = null;
   let firstAt = null;
-  let lastAt = null;
+  let endAt = null;
+  const requestImages = [...chat.images];
   try {
     for await (const event of api.chatStream(requestBody(), chat.controller.signal)) {
+      endAt = performance.now();
       if (event.usage) usage = event.usage;
       const delta = event.choices && event.choices[0] ? event.choices[0].delta : null;
       if (delta && delta.content) {
-        lastAt = performance.now();
         if (firstAt === null) {
-          firstAt = lastAt;
+          firstAt = endAt;
           timing.ttft = (firstAt - started) / 1000;
         }
         answer += delta.content;
         reply.text.textContent = answer;
       }
     }
-    chat.messages.push({ role: "assistant", content: answer });
+    messages.push({ role: "assistant", content: answer });
   } catch (err) {
     if (err.name === "AbortError") {
-      chat.messages.push({ role: "assistant", content: answer });
+      messages.push({ role: "assistant", content: answer });
     } else {
-      chat.messages.pop(); // not answered: the next message is sent without it
-      chat.images.splice(chat.images.length - images.length);
+      messages.pop(); // not answered: the next message is sent without it
+      if (messages === chat.messages) {
+        chat.images.splice(chat.images.length - images.length);
+        restoreComposer(text, images);
+      }
       asked.classList.add("failed");
       reply.node.classList.add("error");
       reply.text.textContent = `Error: ${err.message}`;
@@ -138,14 +147,21 @@ async function send() {
     chat.controller = null;
     setBusy(false);
   }
+  // decode rate: the tokens after the first over the time from the first to the last event
   const completion = usage ? usage.completion_tokens : 0;
-  if (completion > 1 && lastAt > firstAt) {
-    timing.tokensPerSecond = ((completion - 1) * 1000) / (lastAt - firstAt);
+  if (completion > 1 && firstAt !== null && endAt - firstAt >= 1) {
+    timing.tokensPerSecond = ((completion - 1) * 1000) / (endAt - firstAt);
   }
   reply.text.classList.remove("pending");
-  renderStats(reply.stats, usage, timing, chat.images);
+  renderStats(reply.stats, usage, timing, requestImages);
   reply.node.dataset.done = "true";
   refreshMetrics();
+}
+
+function restoreComposer(text, images) {
+  if (!$("prompt").value) $("prompt").value = text;
+  chat.pending.unshift(...images);
+  showAttachments();
 }
 
 function newChat() {
@@ -172,24 +188,27 @@ function wireInputs() {
     await addFiles(event.target.files);
     event.target.value = "";
   });
+  // only file drags are taken over: dropping text into the prompt works as usual
+  const carriesFiles = (event) => [...event.dataTransfer.types].includes("Files");
   document.addEventListener("dragover", (event) => {
+    if (!carriesFiles(event)) return;
     event.preventDefault();
     document.body.classList.add("dragging");
   });
   document.addEventListener("dragleave", () => document.body.classList.remove("dragging"));
   document.addEventListener("drop", (event) => {
-    event.preventDefault();
     document.body.classList.remove("dragging");
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
     addFiles(event.dataTransfer.files);
   });
   document.addEventListener("paste", (event) => {
-    const files = event.clipboardData ? event.clipboardData.files : [];
-    if ([...files].some((file) => file.type.startsWith("image/"))) {
-      event.preventDefault();
-      addFiles(files);
-    }
+    const clipboard = event.clipboardData;
+    const files = clipboard ? [...clipboard.files] : [];
+    if (!files.some((file) => file.type.startsWith("image/"))) return;
+    if (!clipboard.getData("text/plain")) event.preventDefault(); // text pastes as usual
+    addFiles(files);
   });
-  $("api-key").value = api.key;
   $("api-key").addEventListener("change", () => {
     api.setKey($("api-key").value.trim());
     loadModels();

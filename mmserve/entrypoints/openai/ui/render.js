@@ -68,7 +68,8 @@ export function renderStats(root, usage, timing, images) {
   const list = el("ul", { class: "media" });
   const counters = { image: 0, video: 0 };
   for (const input of media) {
-    const [kind, words] = SOURCES[input.source] || ["skipped", input.source];
+    const known = Object.hasOwn(SOURCES, input.source);
+    const [kind, words] = known ? SOURCES[input.source] : ["skipped", String(input.source)];
     const image = input.type === "image" ? images[counters.image] : null;
     counters[input.type] += 1;
     const label = `${input.type} ${input.index + 1}: ${words} (${input.tokens} tokens)`;
