@@ -28,9 +28,9 @@ import pytest
 from PIL import Image
 
 from mmserve.multimodal import media_fetch
+from mmserve.multimodal.fetch_policy import CLOUD_METADATA_ADDRESSES
 from mmserve.multimodal.media import ImageTooLargeError
 from mmserve.multimodal.media_fetch import (
-    CLOUD_METADATA_ADDRESSES,
     MediaFetcher,
     MediaFetchError,
     MediaFetchPolicy,
