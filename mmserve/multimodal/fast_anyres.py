@@ -19,7 +19,7 @@ from transformers.image_processing_utils import get_patch_output_size, select_be
 from transformers.image_utils import ChannelDimension
 
 if TYPE_CHECKING:
-    from mmserve.multimodal.fast_image_processing import _Pixels
+    from mmserve.multimodal.fast_pixels import PixelSteps
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class AnyresImageProcessing:
     """Anyres tiling -> ((1 + rows * cols, 3, crop, crop) float32, (height, width)): what
     ``multimodal.anyres.hf_anyres`` returns from the HF processor."""
 
-    pixels: _Pixels
+    pixels: PixelSteps
     crop: int
     grid_pinpoints: tuple[tuple[int, int], ...]
 

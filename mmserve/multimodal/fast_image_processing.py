@@ -45,26 +45,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import PIL
-import torch
 import transformers
 from PIL import Image
-from transformers.image_transforms import center_crop, convert_to_rgb, get_resize_output_image_size
+from transformers.image_transforms import center_crop, get_resize_output_image_size
 from transformers.image_utils import ChannelDimension
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from mmserve.multimodal.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.fast_pixels import TORCH_FILTERS, PixelSteps
 
 logger = logging.getLogger(__name__)
 
 PREPROCESSING_MODES = ("fast", "exact", "hf")
 DEFAULT_PREPROCESSING = "exact"
-FAST_RESIZE_MAX_LEVELS = 2  # uint8 levels between torch's antialiased resize and PIL's
-_PILLOW = tuple(int(part) for part in PIL.__version__.split(".")[:2])
-_TORCH_FILTERS = {
-    int(Image.Resampling.BICUBIC): "bicubic",
-    int(Image.Resampling.BILINEAR): "bilinear",
-}
 
 # Processor settings that change nothing for one PIL image processed to numpy: any value passes.
 _IGNORED = {"default_to_square", "return_tensors", "image_seq_length", "disable_grouping"}
@@ -77,106 +70,11 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 
 @dataclass(frozen=True)
-class _Pixels:
-    """What every processor here does to pixels: RGB conversion, resize filter, rescale and
-    normalize (None: that step is off)."""
-
-    convert_rgb: bool
-    resample: int
-    resize_with_torch: bool
-    rescale_factor: float | None
-    rescale_divisor: float | None  # float32 division giving the same values (cheaper)
-    mean: tuple[float, ...] | None
-    std: tuple[float, ...] | None
-
-    def accepts(self, image: Image.Image) -> bool:
-        return self.convert_rgb or image.mode == "RGB"
-
-    def plain(self, image: Image.Image) -> bool:
-        """The processor takes this image's pixels as they are (no conversion)."""
-        return image.mode == "RGB" and not (
-            self.convert_rgb and image.info.get("transparency") is not None
-        )
-
-    def rgb(self, image: Image.Image, pixels: bytes | None) -> np.ndarray:
-        """(H, W, 3) uint8 as the processor sees it: with ``do_convert_rgb``, transparency is
-        composited onto white (transformers' ``convert_to_rgb``). ``pixels``: ``image.tobytes()``
-        if the caller has it already (read-only result then)."""
-        if self.plain(image):
-            data = image.tobytes() if pixels is None else pixels
-            return np.frombuffer(data, np.uint8).reshape(image.height, image.width, 3)
-        return np.asarray(convert_to_rgb(image, return_numpy=True))
-
-    def resize(
-        self, image: Image.Image, pixels: bytes | None, height: int, width: int
-    ) -> np.ndarray:
-        """``rgb(image, pixels)`` resized to (height, width, 3) uint8, possibly a strided view
-        (PIL resizes ``image`` itself where that is plain RGB)."""
-        if self.resize_with_torch:
-            rgb = self.rgb(image, pixels)
-            return _torch_resize(rgb, height, width, _TORCH_FILTERS[self.resample])
-        source = image if self.plain(image) else Image.fromarray(self.rgb(image, pixels))
-        return np.asarray(source.resize((width, height), resample=self.resample))
-
-    def rescale_normalize(self, src: np.ndarray, channel_shape: tuple[int, ...]) -> np.ndarray:
-        """The processor's rescale then normalize of uint8 ``src``, as a new C-contiguous
-        float32 array; ``channel_shape`` places the 3 channel values against ``src``."""
-        out = np.empty(src.shape, np.float32)
-        if self.rescale_divisor is not None:
-            np.divide(src, np.float32(self.rescale_divisor), out=out, dtype=np.float32)
-        elif self.rescale_factor is not None:  # the float64 product rounded to float32
-            np.multiply(src, self.rescale_factor, out=out, dtype=np.float64, casting="same_kind")
-        else:
-            np.copyto(out, src, casting="unsafe")
-        if self.mean is not None and self.std is not None:
-            np.subtract(out, np.asarray(self.mean, np.float32).reshape(channel_shape), out=out)
-            np.divide(out, np.asarray(self.std, np.float32).reshape(channel_shape), out=out)
-        return out
-
-
-def _torch_resize(rgb: np.ndarray, height: int, width: int, mode: str) -> np.ndarray:
-    """(height, width, 3) uint8 (a view, in whatever memory layout torch returns): torch's
-    antialiased uint8 resize. Its passes (each rounding to uint8) run horizontal first; where
-    PIL starts with the vertical one, so does this."""
-    tensor = _as_tensor(rgb).permute(2, 0, 1).unsqueeze(0)  # NCHW view of HWC memory
-    if pil_vertical_first(rgb.shape[1], rgb.shape[0], width, height):
-        tensor = _interpolate(tensor, height, rgb.shape[1], mode)
-    return _interpolate(tensor, height, width, mode)[0].permute(1, 2, 0).numpy()
-
-
-def _interpolate(tensor: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
-    return torch.nn.functional.interpolate(
-        tensor, size=(height, width), mode=mode, antialias=True, align_corners=False
-    )
-
-
-def pil_vertical_first(width: int, height: int, new_width: int, new_height: int) -> bool:
-    """Whether this Pillow resizes (width, height) -> (new_width, new_height) vertical pass
-    first. Pillow >= 13 does when the height shrinks by more than twice what the width does;
-    12.2 and 12.3 for images over 100 times taller than wide; older ones never."""
-    if _PILLOW >= (13,):
-        return 0 < height - new_height and height - new_height > 2 * (width - new_width)
-    if _PILLOW >= (12, 2):
-        return height > width * 100 and new_height < height
-    return False
-
-
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    """A zero-copy tensor of a (possibly read-only) array, only ever read."""
-    if array.flags.writeable:
-        return torch.from_numpy(array)
-    try:
-        return torch.from_dlpack(array)  # no copy and, unlike from_numpy, no warning
-    except (BufferError, RuntimeError, TypeError):  # older numpy: no read-only DLPack export
-        return torch.from_numpy(array.copy())
-
-
-@dataclass(frozen=True)
 class ClipImageProcessing:
     """``CLIPImageProcessor``: shortest-edge (or fixed) resize, center crop, rescale, normalize
     -> (3, H, W) float32."""
 
-    pixels: _Pixels
+    pixels: PixelSteps
     shortest_edge: int | None  # resize so the short side is this (aspect kept) ...
     size: tuple[int, int] | None  # ... or to this (height, width); both None: no resize
     crop: tuple[int, int] | None  # center crop (height, width), zero-padded when larger
@@ -213,7 +111,7 @@ class Qwen2VLImageProcessing:
     normalize, then flat patches (t*h*w, C*T*p*p) with the frame repeated T times, and the
     (t, h, w) patch grid."""
 
-    pixels: _Pixels
+    pixels: PixelSteps
     min_pixels: int
     max_pixels: int
     patch_size: int
@@ -287,7 +185,7 @@ class _Unsupported(Exception):
     """A processor setting the fast path does not implement."""
 
 
-def _pixels(settings: dict[str, Any], mode: str, used: set[str]) -> _Pixels:
+def _pixels(settings: dict[str, Any], mode: str, used: set[str]) -> PixelSteps:
     """The common settings; raises ``_Unsupported`` for any setting outside ``used`` (and the
     common ones) that is not neutral."""
     used = used | {"do_convert_rgb", "resample", "do_rescale", "rescale_factor"}
@@ -307,10 +205,10 @@ def _pixels(settings: dict[str, Any], mode: str, used: set[str]) -> _Pixels:
         mean, std = _channels(settings.get("image_mean")), _channels(settings.get("image_std"))
     if rescale is None and mean is None:
         raise _Unsupported("do_rescale=do_normalize=False (uint8 output)")
-    return _Pixels(
+    return PixelSteps(
         convert_rgb=bool(settings.get("do_convert_rgb")),
         resample=int(resample),
-        resize_with_torch=mode == "fast" and int(resample) in _TORCH_FILTERS,
+        resize_with_torch=mode == "fast" and int(resample) in TORCH_FILTERS,
         rescale_factor=rescale,
         rescale_divisor=_float32_divisor(rescale),
         mean=mean,
