@@ -1,6 +1,7 @@
-"""Gemma 3's decoder over the paged KV cache: (1 + weight) RMSNorm, q/k norms, embeddings
-scaled by sqrt(hidden), gelu-tanh MLP between pre/post feed-forward norms, and local
-(sliding-window, ``rope_local_base_freq``) / global (``rope_theta`` + linear scaling) layers.
+"""Gemma 3's decoder over the paged KV cache, built from mmserve's Llama decoder and shared
+layers: (1 + weight) RMSNorm, q/k norms, embeddings scaled by sqrt(hidden), gelu-tanh MLP
+between pre/post feed-forward norms, and local (sliding-window, ``rope_local_base_freq``) /
+global (``rope_theta`` + linear scaling) layers, each kind with its own ``RotaryEmbedding``.
 ``attn_logit_softcapping`` and ``final_logit_softcapping`` are not applied: transformers'
 ``Gemma3ForConditionalGeneration`` ignores both (only its text-only ``Gemma3ForCausalLM``
 caps logits), and released Gemma 3 configs leave them null.
@@ -14,35 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
 from mmserve.layers.norm import RMSNorm
-from mmserve.layers.rotary import apply_rope_to_heads_
+from mmserve.layers.rotary import apply_rope_to_heads_, rotary_from_parameters
 from mmserve.models.llama import Attention, DecoderLayer, LlamaModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NORM_OFFSET = 1.0  # Gemma's RMSNorm scales by 1 + weight
-
-
-class GemmaRotary(nn.Module):
-    """RoPE of one layer type: base ``theta``, frequencies divided by a linear ``factor``.
-    The frequencies are a plain attribute (not a buffer), so building on the meta device and
-    loading leave them intact."""
-
-    def __init__(self, head_dim: int, params: dict[str, Any]) -> None:
-        super().__init__()
-        rope_type = params.get("rope_type", "default")
-        if rope_type not in ("default", "linear"):
-            raise ValueError(f"Gemma 3 rope type {rope_type!r} is not supported (default, linear)")
-        factor = float(params.get("factor", 1.0)) if rope_type == "linear" else 1.0
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
-        self.freqs = 1.0 / (float(params["rope_theta"]) ** (exponents / head_dim)) / factor
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        freqs = positions.float()[:, None] * self.freqs.to(positions.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 class Gemma3Attention(Attention):
@@ -125,17 +105,26 @@ class Gemma3TextModel(LlamaModel):
         rope = cfg.rope_parameters
         super().__init__(
             cfg,
-            rotary_emb=GemmaRotary(cfg.head_dim, rope[FULL]),
+            rotary_emb=rotary_from_parameters(cfg.head_dim, rope[FULL]),
             attention_cls=Gemma3Attention,
             layer_cls=Gemma3DecoderLayer,
             norm_weight_offset=NORM_OFFSET,
         )
-        self.local_rotary_emb = GemmaRotary(cfg.head_dim, rope[SLIDING])
+        self.local_rotary_emb = rotary_from_parameters(cfg.head_dim, rope[SLIDING])
         self.embed_scale = cfg.hidden_size**0.5
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight
         return self.embed_tokens(token_ids) * torch.tensor(self.embed_scale, dtype=weight.dtype)
+
+    def rope_tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Layer type -> (cos, sin) of ``positions``."""
+        return {
+            FULL: self.rotary_emb(positions, dtype),
+            SLIDING: self.local_rotary_emb(positions, dtype),
+        }
 
     def forward(
         self,
@@ -144,11 +133,7 @@ class Gemma3TextModel(LlamaModel):
         cache: PagedKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        dtype = inputs_embeds.dtype
-        tables = {
-            FULL: self.rotary_emb(positions, dtype),
-            SLIDING: self.local_rotary_emb(positions, dtype),
-        }
+        tables = self.rope_tables(positions, inputs_embeds.dtype)
         x, residual = inputs_embeds, None
         for layer in self.layers:
             assert isinstance(layer, Gemma3DecoderLayer)
