@@ -15,6 +15,7 @@ from mmserve.layers.attention import (
     paged_attention,
     select_attention_backend,
 )
+from mmserve.layers.attention_masks import window_start
 from tests.test_paged_attention import build_batch
 
 CPU = torch.device("cpu")
@@ -52,19 +53,17 @@ SEQS = [
 ]
 
 
-@pytest.mark.parametrize("window", [None, 4, 8])
-def test_masked_torch_path_matches_naive_reference(window):
+def masked_batch(seed: int = 3):
+    """(cache, q, k, v, meta, block table) of ``SEQS`` with random keys, values, queries."""
     heads, kv_heads, dim, bs = 4, 2, 16, 4
     seqs = [(total, n) for total, n, _ in SEQS]
-    images = [ranges for _, _, ranges in SEQS]
     num_blocks = sum(-(-total // bs) for total, _ in seqs) + 3
     cache = PagedKVCache(1, num_blocks, bs, kv_heads, dim, torch.float32, CPU)
-    table, qsl, lens, slots = build_batch(seqs, bs, num_blocks, seed=3)
+    table, qsl, lens, slots = build_batch(seqs, bs, num_blocks, seed=seed)
     gen = torch.Generator().manual_seed(0)
     cache.keys[0].normal_(generator=gen)
     cache.values[0].normal_(generator=gen)
-    t = int(qsl[-1])
-    q = torch.randn(t, heads, dim, generator=gen)
+    q = torch.randn(int(qsl[-1]), heads, dim, generator=gen)
     k, v = cache.keys[0][slots].clone(), cache.values[0][slots].clone()
     meta = AttentionMetadata(
         slots,
@@ -75,12 +74,48 @@ def test_masked_torch_path_matches_naive_reference(window):
         [n for _, n in seqs],
         [total for total, _ in seqs],
         use_kernel=False,
-        image_ranges=images,
+        image_ranges=[ranges for _, _, ranges in SEQS],
     )
-    scale = 1 / math.sqrt(dim)
-    got = paged_attention(0, cache, q, k, v, meta, scale, window)
-    want = naive(q, cache.keys[0], cache.values[0], table, qsl, lens, bs, scale, images, window)
+    return cache, q, k, v, meta, table
+
+
+def reference(q, cache, meta, table, window):
+    qsl, lens = meta.query_start_loc, meta.seq_lens
+    scale = 1 / math.sqrt(q.shape[-1])
+    args = (table, qsl, lens, meta.block_size, scale, meta.image_ranges, window)
+    return naive(q, cache.keys[0], cache.values[0], *args)
+
+
+@pytest.mark.parametrize("window", [None, 4, 8])
+def test_masked_torch_path_matches_naive_reference(window):
+    cache, q, k, v, meta, table = masked_batch()
+    got = paged_attention(0, cache, q, k, v, meta, 1 / math.sqrt(q.shape[-1]), window)
+    want = reference(q, cache, meta, table, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [4, 8])
+def test_local_layers_read_only_their_window(window):
+    """A layer with a window gathers only the keys its queries can see: the cached keys and
+    values before each sequence's window are NaN and the output is still the reference's;
+    decode rows gather ``window`` keys, a prefill chunk the window before it and its own."""
+    cache, q, k, v, meta, table = masked_batch()
+    want = reference(q, cache, meta, table, window)
+    bs = meta.block_size
+    for row, (total, n) in enumerate(zip(meta.seq_lens_host, meta.query_lens_host, strict=True)):
+        unseen = torch.arange(window_start(total - n, window))
+        slots = table[row, unseen // bs] * bs + unseen % bs
+        cache.keys[0][slots] = float("nan")
+        cache.values[0][slots] = float("nan")
+    got = paged_attention(0, cache, q, k, v, meta, 1 / math.sqrt(q.shape[-1]), window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    view = meta.torch_plan().view(window)
+    assert view.decode_slots.shape[1] == window  # every decode context is longer
+    for seg, slots in zip(meta.torch_plan().prefills, view.prefill_slots, strict=True):
+        if slots is not None:
+            assert slots.numel() == seg.key_slots.numel() - window_start(seg.first_pos, window)
+            assert slots.numel() <= window - 1 + seg.q_len < seg.key_slots.numel()
 
 
 def test_models_with_masks_never_get_the_causal_kernel():

@@ -16,6 +16,7 @@ from mmserve.engine.chat_template import find_chat_template
 from mmserve.engine.device import resolve_device
 from mmserve.engine.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
+from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
@@ -145,11 +146,6 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
 
 def _reinit_buffers(model: torch.nn.Module, device: torch.device) -> None:
     """Non-persistent buffers are not in the checkpoint: rebuild them on the real device."""
-    module: Any
     for module in model.modules():
-        if hasattr(module, "inv_freq"):
-            dim = module.inv_freq.numel() * 2
-            theta = getattr(module, "theta", None)
-            if theta is not None:
-                exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float()
-                module.inv_freq = 1.0 / (theta ** (exponents / dim))
+        if isinstance(module, RotaryEmbedding):
+            module.inv_freq = module.inverse_frequencies(device)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from mmserve.layers.attention_masks import ImageRanges, decode_window_mask, prefill_mask
+from mmserve.layers.attention_masks import ImageRanges, decode_window, prefill_mask, window_start
 
 
 @dataclass
@@ -26,11 +26,25 @@ class PrefillSegment:
 
 
 @dataclass
+class KeyView:
+    """The keys one kind of layer reads in a step: per prefill segment, the cache slots to
+    gather (None: the segment's keys are this step's own k/v) and its mask over them; the
+    decodes' slots [D, ctx] and mask [D, 1, 1, ctx]."""
+
+    prefill_slots: list[torch.Tensor | None]
+    prefill_masks: list[torch.Tensor | None]
+    decode_slots: torch.Tensor
+    decode_mask: torch.Tensor
+
+
+@dataclass
 class TorchAttentionPlan:
     """Prefill segments (one SDPA call each) and the decodes (one padded, masked SDPA call).
 
-    Masks for a sliding window or image ranges are built on first use per window size and
-    shared by every layer of that kind in the step; without them the plan is the causal one.
+    The keys and masks for a sliding window or image ranges are built on first use per window
+    size and shared by every layer of that kind in the step: a layer with a window gathers
+    only the keys its queries can see (the last ``window`` before the segment, and the
+    segment's). Without either the plan is the causal one.
     """
 
     prefills: list[PrefillSegment]
@@ -38,33 +52,36 @@ class TorchAttentionPlan:
     decode_key_slots: torch.Tensor  # [D, max_ctx] slots, padded with 0
     decode_mask: torch.Tensor  # [D, 1, 1, max_ctx] bool, True where the key is valid
     decode_seq_lens: torch.Tensor | None = None  # [D] keys of each decode row
-    has_images: bool = False  # some prefill segment has bidirectional image ranges
-    _masks: dict[int | None, tuple[list[torch.Tensor | None], torch.Tensor]] = field(
-        default_factory=dict
-    )
+    _views: dict[int | None, KeyView] = field(default_factory=dict)
 
-    def masks(self, window: int | None) -> tuple[list[torch.Tensor | None], torch.Tensor]:
-        """(mask of each prefill segment, decode mask) for layers with this window."""
-        if window is None and not self.has_images:
-            return [seg.causal_mask for seg in self.prefills], self.decode_mask
-        if window not in self._masks:
-            device = self.decode_mask.device
-            prefill: list[torch.Tensor | None] = [
-                prefill_mask(
-                    seg.first_pos,
-                    seg.q_len,
-                    seg.key_slots.numel(),
-                    window,
-                    seg.images or [],
-                    device,
+    def view(self, window: int | None) -> KeyView:
+        """The keys and masks of layers with this window (None: global layers)."""
+        if window not in self._views:
+            self._views[window] = self._build_view(window)
+        return self._views[window]
+
+    def _build_view(self, window: int | None) -> KeyView:
+        slots: list[torch.Tensor | None] = []
+        masks: list[torch.Tensor | None] = []
+        for seg in self.prefills:
+            own_keys = seg.causal_mask is None  # nothing computed before: first_pos == 0
+            start = window_start(seg.first_pos, window)
+            slots.append(None if own_keys else seg.key_slots[start:])
+            if window is None and not seg.images:
+                masks.append(seg.causal_mask)
+            else:
+                ctx_len = seg.key_slots.numel()
+                device = seg.key_slots.device
+                images = seg.images or []
+                masks.append(
+                    prefill_mask(seg.first_pos, seg.q_len, ctx_len, window, images, device, start)
                 )
-                for seg in self.prefills
-            ]
-            decode = self.decode_mask
-            if window is not None and self.decode_seq_lens is not None:
-                decode = decode_window_mask(decode, self.decode_seq_lens, window)
-            self._masks[window] = (prefill, decode)
-        return self._masks[window]
+        if window is None or self.decode_seq_lens is None:
+            return KeyView(slots, masks, self.decode_key_slots, self.decode_mask)
+        decode_slots, decode_mask = decode_window(
+            self.decode_key_slots, self.decode_seq_lens, window
+        )
+        return KeyView(slots, masks, decode_slots, decode_mask)
 
     @classmethod
     def build(
@@ -109,7 +126,6 @@ class TorchAttentionPlan:
             key_slots,
             valid[:, None, None, :],
             torch.tensor(decode_lens, dtype=torch.long, device=device),
-            any(seg.images for seg in prefills),
         )
 
 
@@ -125,15 +141,15 @@ def torch_paged_attention(
 ) -> torch.Tensor:
     """Attend after this step's k/v were written to the cache. q: [T, H, D] -> [T, H, D]."""
     out = torch.empty_like(q)
-    prefill_masks, decode_mask = plan.masks(sliding_window)
-    for seg, mask in zip(plan.prefills, prefill_masks, strict=True):
+    view = plan.view(sliding_window)
+    for seg, slots, mask in zip(plan.prefills, view.prefill_slots, view.prefill_masks, strict=True):
         rows = slice(seg.q_start, seg.q_start + seg.q_len)
         qs = q[rows].transpose(0, 1)  # [H, q, D]
-        if seg.causal_mask is None:  # nothing computed before: the keys are this step's own
+        if slots is None:
             ks, vs = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
         else:
-            ks = k_cache.index_select(0, seg.key_slots).transpose(0, 1)  # [KVH, ctx, D]
-            vs = v_cache.index_select(0, seg.key_slots).transpose(0, 1)
+            ks = k_cache.index_select(0, slots).transpose(0, 1)  # [KVH, ctx, D]
+            vs = v_cache.index_select(0, slots).transpose(0, 1)
         o = F.scaled_dot_product_attention(
             qs.unsqueeze(0),
             ks.unsqueeze(0),
@@ -145,13 +161,13 @@ def torch_paged_attention(
         )
         out[rows] = o[0].transpose(0, 1)
     if plan.decode_token_idx.numel():
-        shape = (*plan.decode_key_slots.shape, *k_cache.shape[1:])
-        flat = plan.decode_key_slots.flatten()
+        shape = (*view.decode_slots.shape, *k_cache.shape[1:])
+        flat = view.decode_slots.flatten()
         qd = q[plan.decode_token_idx].unsqueeze(2)  # [D, H, 1, Dh]
         kd = k_cache.index_select(0, flat).view(shape).transpose(1, 2)  # [D, KVH, ctx, Dh]
         vd = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=decode_mask, scale=scale, enable_gqa=True
+            qd, kd, vd, attn_mask=view.decode_mask, scale=scale, enable_gqa=True
         )
         out[plan.decode_token_idx] = o.squeeze(2)
     return out

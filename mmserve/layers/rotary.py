@@ -11,15 +11,23 @@ from mmserve.kernels import cpu_kernels_apply, cpu_ops
 
 
 class RotaryEmbedding(nn.Module):
-    """Default RoPE: cos/sin per position computed in float32 exactly as HF does."""
+    """RoPE: cos/sin per position computed in float32 exactly as HF does. ``linear_factor``
+    divides the frequencies (HF's ``linear`` rope type); 1 is the default RoPE. The frequencies
+    are a non-persistent buffer, so they move with the module; ``inverse_frequencies``
+    rebuilds them after a model is built on the meta device."""
 
     inv_freq: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, linear_factor: float = 1.0) -> None:
         super().__init__()
+        self.head_dim = head_dim
         self.theta = theta
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+        self.linear_factor = linear_factor
+        self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
+
+    def inverse_frequencies(self, device: torch.device | None = None) -> torch.Tensor:
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+        return 1.0 / (self.theta ** (exponents / self.head_dim)) / self.linear_factor
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -47,6 +55,15 @@ def apply_rope_to_heads_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: to
     dim = cos.shape[-1]
     qk = x[:, : heads * dim].view(x.shape[0], heads, dim)
     qk.copy_(apply_rope(qk, cos, sin))
+
+
+def rotary_from_parameters(head_dim: int, params: dict[str, Any]) -> RotaryEmbedding:
+    """The RoPE of one HF ``rope_parameters`` entry: ``default`` or ``linear`` (``factor``)."""
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in ("default", "linear"):
+        raise ValueError(f"rope type {rope_type!r} is not supported (default, linear)")
+    factor = float(params.get("factor", 1.0)) if rope_type == "linear" else 1.0
+    return RotaryEmbedding(head_dim, float(params["rope_theta"]), factor)
 
 
 def rope_theta(cfg: Any) -> float:

@@ -16,7 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from mmserve.models.gemma3_text import Gemma3TextModel, GemmaRMSNorm
+from mmserve.layers.norm import RMSNorm
+from mmserve.models.gemma3_text import NORM_OFFSET, Gemma3TextModel
+from mmserve.models.llama import LlamaLMHeadMixin
 from mmserve.models.loader import load_safetensors
 from mmserve.models.siglip_vision import SiglipVisionTower
 
@@ -40,7 +42,7 @@ class Gemma3MultiModalProjector(nn.Module):
         self.mm_input_projection_weight = nn.Parameter(
             torch.zeros(vision.hidden_size, text.hidden_size)
         )
-        self.mm_soft_emb_norm = GemmaRMSNorm(vision.hidden_size, vision.layer_norm_eps)
+        self.mm_soft_emb_norm = RMSNorm(vision.hidden_size, vision.layer_norm_eps, NORM_OFFSET)
         self.patches_per_side = vision.image_size // vision.patch_size
         tokens_per_side = int(config.mm_tokens_per_image**0.5)
         if tokens_per_side**2 != config.mm_tokens_per_image or (
@@ -60,11 +62,11 @@ class Gemma3MultiModalProjector(nn.Module):
         return torch.matmul(normed, self.mm_input_projection_weight).type_as(feats)
 
 
-class Gemma3ForConditionalGeneration(nn.Module):
-    """Model contract (``interface.VisionLanguageModel``) for Gemma 3 with images."""
+class Gemma3ForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
+    """Model contract (``interface.VisionLanguageModel``) for Gemma 3 with images: the
+    Llama text half (``LlamaLMHeadMixin``) with Gemma's masks and embeddings."""
 
-    uses_mrope = False
-    deepstack_layers = 0
+    language_model: Gemma3TextModel
     image_attention = "bidirectional"
     attention_masks: str | None = (
         "Gemma 3's sliding-window layers and bidirectional attention within an image"
@@ -82,9 +84,7 @@ class Gemma3ForConditionalGeneration(nn.Module):
             self.lm_head.weight = self.language_model.embed_tokens.weight
         self.image_token_id = hf_config.image_token_id
         self.vocab_size = text.vocab_size
-        self.num_layers = text.num_hidden_layers
-        self.num_kv_heads = text.num_key_value_heads
-        self.head_dim = text.head_dim
+        self._set_kv_geometry(text)
 
     @property
     def _tied(self) -> bool:
@@ -92,16 +92,8 @@ class Gemma3ForConditionalGeneration(nn.Module):
         return bool(getattr(self.config, "tie_word_embeddings", text.tie_word_embeddings))
 
     @staticmethod
-    def embedding_width(hf_config: Any) -> int:
-        return int(hf_config.text_config.hidden_size)
-
-    @staticmethod
     def max_tokens_per_image(hf_config: Any, processor_kwargs: dict | None = None) -> int:
         return int(hf_config.mm_tokens_per_image)
-
-    @staticmethod
-    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
-        return 0  # no video input
 
     def load_weights(self, checkpoint_dir: Path) -> None:
         tied = {"lm_head.weight": "language_model.embed_tokens.weight"} if self._tied else {}
@@ -125,14 +117,3 @@ class Gemma3ForConditionalGeneration(nn.Module):
         if self.image_token_id >= self.vocab_size:  # out of the vocabulary: rows replaced later
             token_ids = token_ids.masked_fill(token_ids == self.image_token_id, 0)
         return self.language_model.embed(token_ids)
-
-    def forward(self, inputs_embeds, positions, cache, meta, deepstack=None) -> torch.Tensor:
-        if deepstack is not None:
-            raise ValueError("Gemma 3 has no DeepStack layers")
-        return self.language_model(inputs_embeds, positions, cache, meta)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
-
-    def mrope_positions(self, num_tokens: int, mm_items: Any) -> Any:
-        raise NotImplementedError("Gemma 3 does not use M-RoPE")

@@ -1,6 +1,7 @@
-"""Gemma 3's decoder over the paged KV cache: (1 + weight) RMSNorm, q/k norms, embeddings
-scaled by sqrt(hidden), gelu-tanh MLP between pre/post feed-forward norms, and local
-(sliding-window, ``rope_local_base_freq``) / global (``rope_theta`` + linear scaling) layers.
+"""Gemma 3's decoder over the paged KV cache, built from mmserve's Llama decoder and shared
+layers: (1 + weight) RMSNorm, q/k norms, embeddings scaled by sqrt(hidden), gelu-tanh MLP
+between pre/post feed-forward norms, and local (sliding-window, ``rope_local_base_freq``) /
+global (``rope_theta`` + linear scaling) layers, each kind with its own ``RotaryEmbedding``.
 ``attn_logit_softcapping`` and ``final_logit_softcapping`` are not applied: transformers'
 ``Gemma3ForConditionalGeneration`` ignores both (only its text-only ``Gemma3ForCausalLM``
 caps logits), and released Gemma 3 configs leave them null.
@@ -14,76 +15,43 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
-from mmserve.layers.fused_linear import StackedLinear
-from mmserve.layers.rotary import apply_rope
+from mmserve.layers.norm import RMSNorm
+from mmserve.layers.rotary import apply_rope_to_heads_, rotary_from_parameters
+from mmserve.models.llama import Attention, DecoderLayer, LlamaModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+NORM_OFFSET = 1.0  # Gemma's RMSNorm scales by 1 + weight
 
 
-class GemmaRMSNorm(nn.Module):
-    """RMSNorm scaling by ``1 + weight``, in float32, rounded once at the end (HF's order)."""
+class Gemma3Attention(Attention):
+    """Llama attention with Gemma's q/k norms, ``query_pre_attn_scalar`` scale and, on local
+    layers, a sliding window."""
 
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).type_as(x)
-
-
-class GemmaRotary(nn.Module):
-    """RoPE of one layer type: base ``theta``, frequencies divided by a linear ``factor``.
-    The frequencies are a plain attribute (not a buffer), so building on the meta device and
-    loading leave them intact."""
-
-    def __init__(self, head_dim: int, params: dict[str, Any]) -> None:
-        super().__init__()
-        rope_type = params.get("rope_type", "default")
-        if rope_type not in ("default", "linear"):
-            raise ValueError(f"Gemma 3 rope type {rope_type!r} is not supported (default, linear)")
-        factor = float(params.get("factor", 1.0)) if rope_type == "linear" else 1.0
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
-        self.freqs = 1.0 / (float(params["rope_theta"]) ** (exponents / head_dim)) / factor
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        freqs = positions.float()[:, None] * self.freqs.to(positions.device)[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-class Gemma3Attention(nn.Module):
-    def __init__(self, cfg: Any, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
+    def __init__(self, cfg: Any, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
+        super().__init__(cfg, layer_idx, qkv_bias, o_bias)
         self.scale = cfg.query_pre_attn_scalar**-0.5
-        self.is_sliding = cfg.layer_types[layer_idx] == SLIDING
-        self.sliding_window = cfg.sliding_window if self.is_sliding else None
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        shards = [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
-        self.qkv_proj = StackedLinear(cfg.hidden_size, shards, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
-        self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.layer_type = SLIDING if cfg.layer_types[layer_idx] == SLIDING else FULL
+        self.sliding_window = cfg.sliding_window if self.layer_type == SLIDING else None
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, NORM_OFFSET)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, NORM_OFFSET)
 
     def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = apply_rope(self.q_norm(q.view(t, self.num_heads, d)), cos, sin)
-        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, d)), cos, sin)
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
+        qkv[:, :q_size] = self.q_norm(qkv[:, :q_size].reshape(-1, d)).view(t, q_size)
+        k_rows = slice(q_size, q_size + kv_size)
+        qkv[:, k_rows] = self.k_norm(qkv[:, k_rows].reshape(-1, d)).view(t, kv_size)
+        apply_rope_to_heads_(qkv, self.num_heads + self.num_kv_heads, cos, sin)
+        q, k, v = self.qkv_proj.split(qkv)
         out = paged_attention(
             self.layer_idx,
             cache,
-            q,
-            k,
-            v.reshape(t, self.num_kv_heads, d),
+            q.view(t, self.num_heads, d),
+            k.view(t, self.num_kv_heads, d),
+            v.view(t, self.num_kv_heads, d),
             meta,
             self.scale,
             self.sliding_window,
@@ -91,61 +59,72 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(out.view(t, -1))
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        shards = [("gate_proj", intermediate), ("up_proj", intermediate)]
-        self.gate_up_proj = StackedLinear(hidden, shards, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+class Gemma3DecoderLayer(DecoderLayer):
+    """Llama's layer with Gemma's norms, gelu-tanh MLP and norms after attention and after the
+    MLP (``post_attention_layernorm``, ``post_feedforward_layernorm``) as well as before."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
-        return self.down_proj(nn.functional.gelu(gate, approximate="tanh") * up)
+    self_attn: Gemma3Attention
 
-
-class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Any, layer_idx: int) -> None:
-        super().__init__()
-        if cfg.hidden_activation != "gelu_pytorch_tanh":
-            raise ValueError(f"Gemma 3 activation {cfg.hidden_activation!r} is not supported")
+    def __init__(
+        self,
+        cfg: Any,
+        layer_idx: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        attention_cls: type[Attention] = Gemma3Attention,
+    ) -> None:
+        super().__init__(
+            cfg, layer_idx, qkv_bias, o_bias, attention_cls, cfg.hidden_activation, NORM_OFFSET
+        )
         dim, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.self_attn = Gemma3Attention(cfg, layer_idx)
-        self.mlp = Gemma3MLP(dim, cfg.intermediate_size)
-        self.input_layernorm = GemmaRMSNorm(dim, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(dim, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(dim, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(dim, eps)
+        self.pre_feedforward_layernorm = RMSNorm(dim, eps, NORM_OFFSET)
+        self.post_feedforward_layernorm = RMSNorm(dim, eps, NORM_OFFSET)
 
-    def forward(self, x, cos, sin, cache, meta) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), cos, sin, cache, meta)
-        x = x + self.post_attention_layernorm(h)
-        h = self.mlp(self.pre_feedforward_layernorm(x))
-        return x + self.post_feedforward_layernorm(h)
+    def forward(self, x, residual, cos, sin, cache, meta):
+        """(this layer's normed MLP output, the residual stream before adding it), as
+        ``DecoderLayer``; the sums are transformers' in its order."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            residual, h = self.input_layernorm.add_and_norm(residual, x)
+        h = self.post_attention_layernorm(self.self_attn(h, cos, sin, cache, meta))
+        residual, h = self.pre_feedforward_layernorm.add_and_norm(residual, h)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
-class Gemma3TextModel(nn.Module):
-    """Embeddings (scaled by sqrt(hidden)) + decoder layers + final norm; ``forward`` takes
-    already-spliced embeddings (``embed`` scales token embeddings, image rows are replaced
-    after it, as in transformers)."""
+class Gemma3TextModel(LlamaModel):
+    """Llama's decoder with Gemma 3's layers, embeddings scaled by sqrt(hidden) and one RoPE
+    per layer type; ``forward`` takes already-spliced embeddings (``embed`` scales token
+    embeddings, image rows are replaced after it, as in transformers)."""
 
     def __init__(self, cfg: Any) -> None:
-        super().__init__()
         if cfg.use_bidirectional_attention:
             raise ValueError(
                 "Gemma 3 with use_bidirectional_attention (an encoder) is not supported"
             )
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_scale = cfg.hidden_size**0.5
-        self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)
-        )
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         rope = cfg.rope_parameters
-        self.rotary = nn.ModuleDict({kind: GemmaRotary(cfg.head_dim, rope[kind]) for kind in rope})
+        super().__init__(
+            cfg,
+            rotary_emb=rotary_from_parameters(cfg.head_dim, rope[FULL]),
+            attention_cls=Gemma3Attention,
+            layer_cls=Gemma3DecoderLayer,
+            norm_weight_offset=NORM_OFFSET,
+        )
+        self.local_rotary_emb = rotary_from_parameters(cfg.head_dim, rope[SLIDING])
+        self.embed_scale = cfg.hidden_size**0.5
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight
         return self.embed_tokens(token_ids) * torch.tensor(self.embed_scale, dtype=weight.dtype)
+
+    def rope_tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Layer type -> (cos, sin) of ``positions``."""
+        return {
+            FULL: self.rotary_emb(positions, dtype),
+            SLIDING: self.local_rotary_emb(positions, dtype),
+        }
 
     def forward(
         self,
@@ -154,11 +133,11 @@ class Gemma3TextModel(nn.Module):
         cache: PagedKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        dtype = inputs_embeds.dtype
-        tables = {kind: rotary(positions, dtype) for kind, rotary in self.rotary.items()}
-        x = inputs_embeds
+        tables = self.rope_tables(positions, inputs_embeds.dtype)
+        x, residual = inputs_embeds, None
         for layer in self.layers:
             assert isinstance(layer, Gemma3DecoderLayer)
-            cos, sin = tables[SLIDING if layer.self_attn.is_sliding else FULL]
-            x = layer(x, cos, sin, cache, meta)
-        return self.norm(x)
+            cos, sin = tables[layer.self_attn.layer_type]
+            x, residual = layer(x, residual, cos, sin, cache, meta)
+        assert residual is not None, "a decoder without layers"
+        return self.norm.add_and_norm(residual, x)[1]

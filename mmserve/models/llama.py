@@ -6,6 +6,8 @@ same decoder with q/k/v biases.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -48,19 +50,39 @@ class Attention(nn.Module):
         return self.o_proj(out.view(t, -1))
 
 
+# HF ``hidden_act`` name -> the gate's activation (it may overwrite its input, a view of the
+# fused gate/up output).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": partial(nn.functional.silu, inplace=True),
+    "gelu_pytorch_tanh": partial(nn.functional.gelu, approximate="tanh"),
+}
+
+
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+    """Gated MLP: ``down(act(gate(x)) * up(x))``, SwiGLU by default."""
+
+    def __init__(
+        self, hidden: int, intermediate: int, bias: bool, activation: str = "silu"
+    ) -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"MLP activation {activation!r} is not supported ({', '.join(ACTIVATIONS)})"
+            )
         shards = [("gate_proj", intermediate), ("up_proj", intermediate)]
         self.gate_up_proj = StackedLinear(hidden, shards, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
-        return self.down_proj(nn.functional.silu(gate, inplace=True) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP; ``activation`` and ``norm_weight_offset`` go to ``MLP`` and
+    ``RMSNorm``."""
+
     def __init__(
         self,
         cfg,
@@ -68,12 +90,15 @@ class DecoderLayer(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         attention_cls: type[Attention] = Attention,
+        activation: str = "silu",
+        norm_weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
+        dim, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.self_attn = attention_cls(cfg, layer_idx, qkv_bias, o_bias)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False))
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(dim, cfg.intermediate_size, getattr(cfg, "mlp_bias", False), activation)
+        self.input_layernorm = RMSNorm(dim, eps, norm_weight_offset)
+        self.post_attention_layernorm = RMSNorm(dim, eps, norm_weight_offset)
 
     def forward(self, x, residual, cos, sin, cache, meta):
         """(this layer's MLP output, the residual stream before adding it): the residual add
@@ -92,7 +117,9 @@ class LlamaModel(nn.Module):
 
     ``rotary_emb`` replaces the default RoPE (e.g. ``MRotaryEmbedding``, whose positions are
     [3, T] instead of [T]); it is called as ``rotary_emb(positions, dtype) -> (cos, sin)``.
-    ``attention_cls`` replaces the attention of every layer (e.g. Qwen3's, with q/k norms).
+    ``attention_cls`` replaces the attention of every layer (e.g. Qwen3's, with q/k norms),
+    ``layer_cls`` the decoder layer (built as ``layer_cls(cfg, i, qkv_bias, o_bias,
+    attention_cls)``); ``norm_weight_offset`` is the final norm's (``RMSNorm``).
     """
 
     def __init__(
@@ -102,6 +129,8 @@ class LlamaModel(nn.Module):
         o_bias: bool | None = None,
         rotary_emb: nn.Module | None = None,
         attention_cls: type[Attention] = Attention,
+        layer_cls: type[DecoderLayer] = DecoderLayer,
+        norm_weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
         bias = getattr(cfg, "attention_bias", False)
@@ -109,14 +138,17 @@ class LlamaModel(nn.Module):
         o_bias = bias if o_bias is None else o_bias
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, qkv_bias, o_bias, attention_cls)
-            for i in range(cfg.num_hidden_layers)
+            layer_cls(cfg, i, qkv_bias, o_bias, attention_cls) for i in range(cfg.num_hidden_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, norm_weight_offset)
         if rotary_emb is None:
             first = cast(DecoderLayer, self.layers[0])
             rotary_emb = RotaryEmbedding(first.self_attn.head_dim, rope_theta(cfg))
         self.rotary_emb = rotary_emb
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of ``token_ids`` (before any image rows are spliced in)."""
+        return self.embed_tokens(token_ids)
 
     def forward(
         self,
@@ -172,7 +204,7 @@ class LlamaLMHeadMixin:
         return int(hf_config.text_config.hidden_size)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(token_ids)
+        return self.language_model.embed(token_ids)
 
     def forward(self, inputs_embeds, positions, cache, meta, deepstack=None) -> torch.Tensor:
         if deepstack is not None:
