@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
@@ -17,6 +18,7 @@ from mmserve.engine.async_engine import AsyncLLMEngine, ParamsLike
 from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
 from mmserve.engine.metrics import RequestTimer
 from mmserve.engine.outputs import RequestOutput
+from mmserve.entrypoints.ray.cluster_metrics import RoutingCollector, StatsRefresher
 from mmserve.entrypoints.ray.frontend import FrontendEngine
 from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
@@ -50,7 +52,8 @@ class RoutedEngine(AsyncLLMEngine):
     admitted ``ProcessedPrompt`` (token ids, salted item keys, pixel tensors) goes to the replica
     the router picks from the prompt's ``RouteKey``. Replicas trust those keys because only this
     handle reaches them. There is no engine loop here: ``get_metrics`` is the replicas' sum as
-    of the last ``cluster_stats`` call.
+    of the last ``cluster_stats`` call, which ``refresh_metrics`` (awaited by a ``/metrics``
+    scrape, bounded by ``StatsRefresher``) makes; ``stats`` also exports the routing counts.
     """
 
     def __init__(
@@ -71,6 +74,10 @@ class RoutedEngine(AsyncLLMEngine):
         )
         self.replicas = replicas
         self._started = False
+        self._summed_at: float | None = None
+        self._reporting = 0
+        self.refresh_metrics = StatsRefresher(self.cluster_stats)
+        self.stats.registry.register(RoutingCollector(ROUTING.snapshot, self.freshness))
 
     def start(self) -> None:
         if not self._started and self.admission.media_workers is not None:
@@ -150,6 +157,11 @@ class RoutedEngine(AsyncLLMEngine):
             raise LookupError(f"replica {replica} is gone")
         return stats
 
+    def freshness(self) -> dict[str, float]:
+        """How many replicas the last sum has and its age in seconds (-1: none yet)."""
+        age = -1.0 if self._summed_at is None else time.monotonic() - self._summed_at
+        return {"replicas_reporting": self._reporting, "age_seconds": age}
+
     async def cluster_stats(self) -> dict[str, Any]:
         """Per-replica engine counters (encodes, cache hits, requests), their totals and this
         ingress' routing decisions. A replica that does not answer in time is left out."""
@@ -165,5 +177,5 @@ class RoutedEngine(AsyncLLMEngine):
             for key, value in stats.items():
                 if isinstance(value, (int, float)) and key not in GAUGES_NOT_SUMMED:
                     total[key] = total.get(key, 0) + value
-        self._snapshot = total
+        self._snapshot, self._summed_at, self._reporting = total, time.monotonic(), len(replicas)
         return {"replicas": replicas, "total": total, "routing": routing}
