@@ -25,6 +25,7 @@ from mmserve.entrypoints.ray.app import (  # noqa: E402
     build_app,
     namespace_from_config,
 )
+from mmserve.entrypoints.ray.cluster_metrics import MIN_REFRESH_INTERVAL_S  # noqa: E402
 from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTOR  # noqa: E402
 from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
 from tests.conftest import make_image  # noqa: E402
@@ -202,6 +203,43 @@ def test_health_models_and_metrics(cluster: str) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL]
     text = httpx.get(f"{cluster}/metrics", timeout=30).text
     assert "mmserve_encoder_images_encoded" in text
+
+
+def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{base}/metrics", timeout=30)
+    assert r.status_code == 200, r.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+ENCODED = ("mmserve_encoder_images_encoded_total", ())
+AFFINITY = ("mmserve_routing_decisions_total", (("decision", "affinity"),))
+
+
+def test_a_metrics_scrape_alone_shows_fresh_encodes_and_routing(cluster: str) -> None:
+    """No /cluster call: the scrape itself refreshes the replicas' sum (at most once a second)."""
+    import time
+
+    time.sleep(MIN_REFRESH_INTERVAL_S)
+    before = scrape(cluster)
+    chat(cluster, [user_turn([77], "What is new here?")])
+    after = _wait(
+        lambda: (m := scrape(cluster))[ENCODED] == before[ENCODED] + 1 and m,
+        "the scrape to show the new encode",
+        timeout=30,
+    )
+    assert after[AFFINITY] == before[AFFINITY] + 1  # the chat; stats calls count as pinned
+    routed = [v for (n, _), v in after.items() if n == "mmserve_routing_requests_routed_total"]
+    assert len(routed) == REPLICAS and sum(routed) > 0
+    in_flight = [k for k in after if k[0] == "mmserve_routing_in_flight"]
+    assert len(in_flight) == REPLICAS
+    assert after[("mmserve_cluster_replicas_reporting", ())] == REPLICAS
+    assert 0 <= after[("mmserve_cluster_stats_age_seconds", ())] < 5
 
 
 # ---- the shared encoder store (issue 17); last in this module: it replaces the app above ----

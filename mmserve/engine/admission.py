@@ -171,9 +171,14 @@ class Admission:
             mm_kwargs,
             prepared[len(images) :],
         )
-        if processed.store_lookup is not None:  # the encoder store's, up to its deadline
-            await processed.store_lookup.wait_async(self.engine.store_timeout_s)
+        await self.wait_for_store(processed)
         return processed
+
+    async def wait_for_store(self, processed: ProcessedPrompt) -> None:
+        """Await the prompt's encoder store lookup, if any, up to the store deadline (hits are
+        loaded instead of encoded; later answers are ignored)."""
+        if processed.store_lookup is not None:
+            await processed.store_lookup.wait_async(self.engine.store_timeout_s)
 
     async def prepare_image(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None

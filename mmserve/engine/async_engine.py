@@ -30,9 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from mmserve.engine.admission import Admission, AdmissionExecutors
@@ -45,9 +44,10 @@ from mmserve.engine.errors import (
     EngineStepError,
 )
 from mmserve.engine.llm_engine import LLMEngine
-from mmserve.engine.metrics import RequestTimer, ServerMetrics
+from mmserve.engine.metrics import ServerMetrics
 from mmserve.engine.output_stream import AbortCommand, AddCommand, OutputStream
 from mmserve.engine.outputs import RequestOutput
+from mmserve.engine.request_lifecycle import RequestLifecycle
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
@@ -55,11 +55,10 @@ from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-ParamsLike = SamplingParams | Callable[[int], SamplingParams]
 
-
-class AsyncLLMEngine:
-    """Serves one ``LLMEngine`` to asyncio callers; see the module docstring for threading."""
+class AsyncLLMEngine(RequestLifecycle):
+    """Serves one ``LLMEngine`` to asyncio callers; see the module docstring for threading and
+    ``RequestLifecycle`` for ``generate``."""
 
     def __init__(
         self,
@@ -177,30 +176,8 @@ class AsyncLLMEngine:
         running = int(self._snapshot.get("num_requests_running", 0))
         return max(0, self._num_unfinished - running)
 
-    # ---- event-loop side -----------------------------------------------------------------
-    async def generate(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        params: ParamsLike | None = None,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-        *,
-        processed: ProcessedPrompt | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs of one request until it finishes.
-
-        ``params`` may be a callable taking the processed prompt's token count (to size
-        ``max_tokens`` from the remaining context); a ValueError it raises propagates.
-        Raises ``EngineOverloadedError`` / ``EngineShutdownError`` before any work, ValueError
-        for bad input, ``EngineStepError`` if the engine fails. Leaving the iteration early
-        (break, aclose, cancellation) aborts the request in the engine. ``processed``: a prompt
-        admitted elsewhere (the Ray ingress, an internal call; never client input): admission
-        is skipped and ``images`` / ``uuids`` / ``cache_salt`` are ignored.
-        """
+    # ---- event-loop side (``RequestLifecycle.generate`` calls these) ----------------------
+    def _check_admissible(self) -> None:
         self.check_health()
         limit = self.max_queued_requests
         if limit is not None and self.num_queued_requests >= limit:
@@ -208,49 +185,25 @@ class AsyncLLMEngine:
                 f"the server is overloaded: {self.num_queued_requests} requests are queued"
                 f" (--max-queued-requests {limit}); retry later"
             )
-        request_id = request_id or f"req-{uuid.uuid4().hex}"
-        timer = RequestTimer(self.stats)
-        self._num_unfinished += 1
-        stream: OutputStream | None = None
-        reason = "error"
+
+    def _default_params(self) -> SamplingParams:
+        return self.engine.default_sampling_params()
+
+    async def _dispatch(
+        self, request_id: str, processed: ProcessedPrompt, params: SamplingParams, text: str | None
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """On the engine thread; an abort frees the request's KV blocks and encoder refs."""
+        stream = OutputStream(asyncio.get_running_loop())
+        self._submit(AddCommand(request_id, processed, params, text, stream))
+        finished = False
         try:
-            try:
-                if processed is None:
-                    processed = await self.admission.admit(
-                        prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-                    )
-                params = params(len(processed.prompt_token_ids)) if callable(params) else params
-            except ValueError:
-                reason = "rejected"
-                raise
-            stream = OutputStream(asyncio.get_running_loop())
-            text = prompt if isinstance(prompt, str) else None
-            self._submit(
-                AddCommand(
-                    request_id,
-                    processed,
-                    params or self.engine.default_sampling_params(),
-                    text,
-                    stream,
-                )
-            )
-            while stream is not None:
+            while not finished:
                 out = await stream.get()
-                timer.on_output(sum(len(c.token_ids) for c in out.outputs))
-                if out.finished:
-                    reason, stream = out.outputs[0].finish_reason or "stop", None
+                finished = out.finished
                 yield out
-                if out.finished:
-                    return
-        except (asyncio.CancelledError, GeneratorExit):
-            if reason == "error":  # not finished: the consumer went away (also mid-preprocessing)
-                reason = "abort"
-            raise
         finally:
-            self._num_unfinished -= 1
-            if stream is not None:  # admitted and not finished: free its KV / encoder refs
+            if not finished:
                 self._submit(AbortCommand(request_id, stream))
-            timer.finish(reason)
 
     def _submit(self, command: AddCommand | AbortCommand) -> None:
         with self._cv:

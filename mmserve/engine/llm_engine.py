@@ -222,10 +222,15 @@ class LLMEngine:
             self.scheduler.encoder_cache.capacity,
             self.encoder_budget,
         )
-        if self.store is not None and processed.mm_items:  # keys are final (salted) here
+        self.start_store_lookup(processed)
+        return processed
+
+    def start_store_lookup(self, processed: ProcessedPrompt) -> None:
+        """Ask the encoder store for the prompt's items (their keys final, salted); a lookup
+        left ``None`` means no store, no items, or every item in this engine's cache."""
+        if self.store is not None and processed.mm_items:
             cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
             processed.store_lookup = self.store.lookup(processed.mm_items, cached)
-        return processed
 
     @property
     def store_timeout_s(self) -> float:

@@ -12,7 +12,7 @@ With an API key, everything but ``/health`` and ``/ping`` needs it (``/metrics``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,9 +57,11 @@ def build_app(
     model_aliases: set[str] | None = None,
     policy: HTTPPolicy | None = None,
     model_root: str | None = None,
+    metrics_refresh: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
     """The app around a (not yet started) engine; its lifespan starts and stops the loop.
-    ``model_root`` is /v1/models' ``root`` (the model as given; default: the first name)."""
+    ``model_root`` is /v1/models' ``root`` (the model as given; default: the first name);
+    ``metrics_refresh`` is awaited before ``/metrics`` renders (the Ray ingress' replica stats)."""
     policy = policy or HTTPPolicy()
     queued = engine.max_queued_requests
     guard = JSONGuard(policy.limits, max(1, queued) if queued is not None else DEFAULT_MAX_WAITING)
@@ -128,6 +130,8 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if metrics_refresh is not None:
+            await metrics_refresh()
         return Response(engine.stats.render(), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")

@@ -40,7 +40,8 @@ INGRESS_MAX_ONGOING = 4096
 @serve.ingress()
 class OpenAIIngress:
     """mmserve's own OpenAI app (same routes, errors, streaming) around a ``RoutedEngine``,
-    plus ``GET /cluster``: per-replica and total engine counters and the routing decisions."""
+    plus ``GET /cluster``: per-replica and total engine counters and the routing decisions.
+    ``/metrics`` refreshes the replicas' sum (bounded) and exports the routing counts."""
 
     def __init__(self, replicas: DeploymentHandle, args: argparse.Namespace) -> None:
         check_server_flags(args)
@@ -69,6 +70,7 @@ class OpenAIIngress:
             model_aliases={args.model, str(frontend.config.model.path)},
             policy=policy,
             model_root=args.model,
+            metrics_refresh=engine.refresh_metrics,
         )
 
         @app.get("/cluster")

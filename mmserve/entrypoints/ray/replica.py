@@ -76,24 +76,15 @@ class EngineReplica:
         route: RouteKey | None = None,
     ) -> AsyncIterator[RequestOutput]:
         self.requests += 1
-        await self._look_up_store(processed)
+        # what LLMEngine.process_inputs + Admission.admit do for a local prompt (the ingress
+        # has no store): ask the replicas' shared store, up to its deadline
+        self.llm.start_store_lookup(processed)
+        await self.engine.admission.wait_for_store(processed)
         prompt = prompt_text if prompt_text is not None else processed.prompt_token_ids
         async for out in self.engine.generate(
             prompt, (), None, params, request_id, processed=processed
         ):
             yield out
-
-    async def _look_up_store(self, processed: ProcessedPrompt) -> None:
-        """What ``LLMEngine.process_inputs`` + ``Admission.admit`` do for a local prompt: ask
-        the encoder store (the replicas' shared L3) for its items, up to the store deadline;
-        hits are loaded instead of encoded."""
-        store = self.llm.store
-        if store is None or not processed.mm_items:
-            return
-        cached = self.llm.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
-        processed.store_lookup = lookup = store.lookup(processed.mm_items, cached)
-        if lookup is not None:  # None: every item is in this replica's cache
-            await lookup.wait_async(self.llm.store_timeout_s)
 
     def stats(self, route: RouteKey | None = None) -> dict[str, Any]:
         """This replica's engine counters (``mmserve_*`` metric names without the prefix)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 from ray.exceptions import RayActorError, RayTaskError
@@ -13,16 +13,17 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from mmserve.engine.admission import AdmissionExecutors
-from mmserve.engine.async_engine import AsyncLLMEngine, ParamsLike
+from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
-from mmserve.engine.metrics import RequestTimer
 from mmserve.engine.outputs import RequestOutput
+from mmserve.entrypoints.ray.cluster_metrics import RoutingCollector, StatsRefresher
 from mmserve.entrypoints.ray.frontend import FrontendEngine
 from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class RoutedEngine(AsyncLLMEngine):
     admitted ``ProcessedPrompt`` (token ids, salted item keys, pixel tensors) goes to the replica
     the router picks from the prompt's ``RouteKey``. Replicas trust those keys because only this
     handle reaches them. There is no engine loop here: ``get_metrics`` is the replicas' sum as
-    of the last ``cluster_stats`` call.
+    of the last ``cluster_stats`` call, which ``refresh_metrics`` (awaited by a ``/metrics``
+    scrape, bounded by ``StatsRefresher``) makes; ``stats`` also exports the routing counts.
     """
 
     def __init__(
@@ -71,6 +73,10 @@ class RoutedEngine(AsyncLLMEngine):
         )
         self.replicas = replicas
         self._started = False
+        self._summed_at: float | None = None
+        self._reporting = 0
+        self.refresh_metrics = StatsRefresher(self.cluster_stats)
+        self.stats.registry.register(RoutingCollector(ROUTING.snapshot, self.freshness))
 
     def start(self) -> None:
         if not self._started and self.admission.media_workers is not None:
@@ -86,62 +92,27 @@ class RoutedEngine(AsyncLLMEngine):
         if self._stopping or not self._started:
             raise EngineShutdownError("the server is not running (shutting down)")
 
-    async def generate(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        params: ParamsLike | None = None,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-        *,
-        processed: ProcessedPrompt | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Admit here, then stream the chosen replica's outputs (``AsyncLLMEngine.generate``'s
-        contract; leaving early cancels the replica's stream, which aborts the request)."""
-        self.check_health()
-        request_id = request_id or f"req-{uuid.uuid4().hex}"
-        timer = RequestTimer(self.stats)
-        self._num_unfinished += 1
-        reason = "error"
+    async def _dispatch(
+        self, request_id: str, processed: ProcessedPrompt, params: SamplingParams, text: str | None
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the routed replica's outputs; closed before the finished one, it cancels the
+        replica's stream, which aborts the request there. Ray errors come out unwrapped."""
         stream: DeploymentResponseGenerator | None = None
+        finished = False
         try:
-            try:
-                if processed is None:
-                    processed = await self.admission.admit(
-                        prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-                    )
-                params = params(len(processed.prompt_token_ids)) if callable(params) else params
-            except ValueError:
-                reason = "rejected"
-                raise
-            text = prompt if isinstance(prompt, str) else None
+            route = route_key(processed, processed.cache_salt)
             call = self.replicas.options(stream=True).generate.remote(
-                processed,
-                params or self.engine.default_sampling_params(),
-                request_id,
-                text,
-                route=route_key(processed, cache_salt),
+                processed, params, request_id, text, route=route
             )
             stream = cast(DeploymentResponseGenerator, call)  # stream=True
             async for out in stream:
-                timer.on_output(sum(len(c.token_ids) for c in out.outputs))
-                if out.finished:
-                    reason = out.outputs[0].finish_reason or "stop"
+                finished = finished or out.finished
                 yield out
-        except (asyncio.CancelledError, GeneratorExit):
-            if reason == "error":
-                reason = "abort"
-            raise
         except Exception as exc:
             raise unwrap_ray_error(exc) from None
         finally:
-            self._num_unfinished -= 1
-            if stream is not None and reason in ("error", "abort"):
+            if stream is not None and not finished:
                 stream.cancel()
-            timer.finish(reason)
 
     async def replica_stats(self, replica: str) -> dict[str, Any]:
         call = self.replicas.stats.remote(route=RouteKey(pin=replica))
@@ -149,6 +120,11 @@ class RoutedEngine(AsyncLLMEngine):
         if stats.get("replica") != replica:  # it is gone; another one answered
             raise LookupError(f"replica {replica} is gone")
         return stats
+
+    def freshness(self) -> dict[str, float]:
+        """How many replicas the last sum has and its age in seconds (-1: none yet)."""
+        age = -1.0 if self._summed_at is None else time.monotonic() - self._summed_at
+        return {"replicas_reporting": self._reporting, "age_seconds": age}
 
     async def cluster_stats(self) -> dict[str, Any]:
         """Per-replica engine counters (encodes, cache hits, requests), their totals and this
@@ -165,5 +141,5 @@ class RoutedEngine(AsyncLLMEngine):
             for key, value in stats.items():
                 if isinstance(value, (int, float)) and key not in GAUGES_NOT_SUMMED:
                     total[key] = total.get(key, 0) + value
-        self._snapshot = total
+        self._snapshot, self._summed_at, self._reporting = total, time.monotonic(), len(replicas)
         return {"replicas": replicas, "total": total, "routing": routing}

@@ -25,8 +25,9 @@ class ImageAffinityRouter(RequestRouter):
       whose in-flight count stays within ``ceil(load_factor x mean)`` after this request goes
       first (a "spill" when it is not the top-ranked one), the rest follow in rank order, one
       per rank, so Ray tries them in that order when a queue is full.
-    - ``pow2``: two random replicas, the one with the shorter queue (Ray's default policy;
-      kept here so pinned calls and the counts work the same for the comparison).
+    - ``pow2``: two random replicas, the one with the shorter queue first and the other as
+      its fallback, one per rank (Ray's default policy; kept here so pinned calls and the
+      counts work the same for the comparison). The reservation is on the one ranked first.
     - A key with ``pin`` goes to that replica only (to any while it is gone, never nowhere: a
       call Ray cannot place stays pending and blocks the calls sharing its request id); a call
       without a key goes to the replica with the fewest in-flight requests.
@@ -71,13 +72,11 @@ class ImageAffinityRouter(RequestRouter):
         loads = routing_stats.ROUTING.loads()
         if not isinstance(key, RouteKey) or self.policy == "pow2":
             names = list(by_name)
-            if key is not None:  # pow2: two at random, Ray probes both
+            if key is not None:  # pow2: two at random
                 names = random.sample(names, min(2, len(names)))
             names.sort(key=lambda r: loads.get(r, 0))
             self._reserve(pending_request, names[0] if names else None)
-            if key is None:
-                return [[by_name[r]] for r in names]  # least loaded first
-            return [[by_name[r] for r in names]]
+            return [[by_name[r]] for r in names]  # least loaded (reserved) first, one per rank
         ranked = rank(list(by_name), key.anchor)
         placement = place(ranked, loads, self.load_factor)
         self._reserve(pending_request, ranked[0], placement.order[0], placement.cap)
