@@ -225,7 +225,7 @@ def test_encoded_video_is_decoded_sampled_and_matches(ref):
     """Video bytes (3 s at 30 fps) are decoded and sampled at 2 fps, then served as frames."""
     llm = LLM(MODEL, seed=0)
     data = make_video(90, 30)
-    frames = llm.engine.processor.load_video(data)
+    frames = llm.engine.processor.videos.load(data)
     assert len(frames.frames) == 6
     text = prompt("What happens?")
     out = llm.generate({"prompt": text, "videos": [data]}, GREEDY, use_tqdm=False)[0]

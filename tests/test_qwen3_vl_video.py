@@ -258,3 +258,27 @@ def test_engine_sampling_above_the_checkpoint_is_applied_once(ref, sampling, enc
     assert out.prompt_token_ids == expected
     assert out.outputs[0].token_ids == ref.greedy(text, [every], sampling=sampling)
     assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize("encoded", [True, False], ids=["bytes", "frames"])
+def test_request_sampling_is_applied_once(ref, encoded):
+    """A request's ``mm_processor_kwargs`` ``fps`` / ``num_frames`` (as Qwen2-VL's take them)
+    pick the frames once, as transformers' video processor samples every frame with the same
+    arguments; the next request without them gets the checkpoint's 2 fps again."""
+    from mmserve.multimodal.video import decode_video
+    from mmserve.multimodal.video_sampling import VideoSampling
+    from tests.video_helpers import make_video
+
+    data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
+    every = decode_video(data, VideoSampling(fps=None, num_frames=12))
+    llm = LLM(MODEL, seed=0)
+    text = prompt("What happens?")
+    start = QWEN_SPECIAL_TOKEN_IDS["<|vision_start|>"]
+    for sampling, groups in (({"fps": 4.0}, 4), ({"num_frames": 10}, 5), (None, 2)):
+        request = {"prompt": text, "videos": [data if encoded else every]}
+        out = llm.generate({**request, "mm_processor_kwargs": sampling}, GREEDY, False)[0]
+        expected = ref.inputs(text, [every], [], sampling)["input_ids"][0].tolist()
+        assert expected.count(start) == 1 + groups  # 8, 10 or 4 of the 12 frames
+        assert out.prompt_token_ids == expected
+        assert out.outputs[0].token_ids == ref.greedy(text, [every], sampling=sampling)
+    assert_no_leaks(llm)

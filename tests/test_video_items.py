@@ -23,9 +23,12 @@ from mmserve.config import ModelConfig
 from mmserve.engine.loading import build_model_config, load_model
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
+from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.video_inputs import VideoInputs
 from mmserve.multimodal.video_prep import prepare_video, video_frames
 from mmserve.multimodal.video_processing import load_video_settings, preprocess_video
+from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.video_source import VideoLoader
 from tests.conftest import make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
@@ -153,9 +156,14 @@ def test_bad_videos_are_value_errors(bad, match):
         video_frames(bad)
 
 
+def video_inputs(config: ModelConfig) -> VideoInputs:
+    """One video per prompt, Qwen2-VL's default sampling (frames given are all used)."""
+    return VideoInputs(config, 1, VideoLoader(MediaFetchPolicy(), VideoSampling()))
+
+
 def test_video_longer_than_max_model_len_is_refused_before_preprocessing():
     config = build_model_config("tiny-qwen2-vl", max_model_len=64)
-    videos = VideoInputs(config, max_videos=1)
+    videos = video_inputs(config)
     with pytest.raises(ValueError, match="64 frames of 112x112 needs 512 tokens"):
         videos.prepare(make_video(4, 64, (112, 112)))
     with pytest.raises(ValueError, match="2 videos exceed the limit of 1"):
@@ -269,7 +277,7 @@ def test_limit_mm_per_prompt_takes_video():
 
 
 def test_admission_memo_skips_preprocessing_per_tenant():
-    videos = VideoInputs(build_model_config("tiny-qwen2-vl"), max_videos=1)
+    videos = video_inputs(build_model_config("tiny-qwen2-vl"))
     frames = make_video(6, 4, (56, 84))
     first = videos.prepare(frames)
     assert videos.prepare(frames.copy()) is first and videos.memo.hits == 1

@@ -22,6 +22,7 @@ from mmserve.inputs import ProcessedPrompt, VideoFrames
 from mmserve.multimodal.media import ImageTooLargeError, VideoTooLargeError
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchError, MediaFetchPolicy
 from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.video_memo import PreparedVideoMemo
 from tests.bait_server import BaitServer
 from tests.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
 from tests.video_helpers import frame_index, make_video
@@ -124,19 +125,35 @@ class Handed:
         return ProcessedPrompt([1, 2, 3], [])
 
 
-def spy_decodes(admission: Admission) -> list[VideoFrames]:
-    """The videos ``admission`` decodes, in request order (each task starts in order)."""
+def spy_decodes(engine: LLMEngine, fresh_memo: bool) -> tuple[list[VideoFrames], Any]:
+    """The frames (decoded and sampled, or given) that admission preprocesses, in request
+    order (lookups run in order in the one media thread), and a function that removes the
+    spies; ``fresh_memo``: an empty memo first, so no video is a hit."""
+    videos = engine.processor.videos
     decoded: list[Any] = []
-    real = admission.decode_video
+    slots: dict[int, int] = {}
+    real_lookup, real_finish = videos.lookup, videos.finish
 
-    async def decode(*args: Any) -> VideoFrames:
-        slot = len(decoded)
+    def lookup(*args: Any) -> Any:
+        look = real_lookup(*args)
+        slots[id(look)] = len(decoded)
         decoded.append(None)
-        decoded[slot] = await real(*args)
-        return decoded[slot]
+        return look
 
-    admission.decode_video = decode  # type: ignore[method-assign]
-    return decoded
+    def finish(look: Any, frames: VideoFrames) -> Any:
+        decoded[slots[id(look)]] = frames
+        return real_finish(look, frames)
+
+    memo = videos.memo
+    if fresh_memo:
+        videos.memo = PreparedVideoMemo()
+    videos.lookup, videos.finish = lookup, finish  # type: ignore[method-assign]
+
+    def restore() -> None:
+        del videos.lookup, videos.finish
+        videos.memo = memo
+
+    return decoded, restore
 
 
 def admit(
@@ -148,11 +165,13 @@ def admit(
     workers: MediaWorkers | None = None,
     salt: str | None = None,
     handed: Handed | None = None,
+    fresh_memo: bool = True,
 ) -> list[VideoFrames]:
-    """Admit one prompt with ``videos`` (``process_inputs`` stubbed); the decoded videos."""
+    """Admit one prompt with ``videos`` (``process_inputs`` stubbed); the videos decoded
+    (None for a memo hit)."""
     fetcher = fetcher or MediaFetcher(engine.processor.media_policy)
     admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, workers)
-    decoded = spy_decodes(admission)
+    decoded, restore = spy_decodes(engine, fresh_memo)
     handed = handed or Handed()
     original = engine.process_inputs
     engine.process_inputs = handed  # type: ignore[method-assign]
@@ -161,6 +180,7 @@ def admit(
     finally:
         engine.process_inputs = original  # type: ignore[method-assign]
         admission.shutdown()
+        restore()
     return decoded
 
 
@@ -220,15 +240,16 @@ def test_bad_videos_are_value_errors(engine: LLMEngine) -> None:
             admit(engine, [source])
 
 
-def test_decoded_videos_are_memoized_per_tenant_and_setting(engine: LLMEngine) -> None:
-    memo = engine.processor.video_memo
+def test_prepared_videos_are_memoized_per_tenant_and_setting(engine: LLMEngine) -> None:
+    memo = engine.processor.videos.memo
     hits = memo.hits
-    admit(engine, [VIDEO_URL, VIDEO_URL])
-    admit(engine, [VIDEO_URL])
-    assert memo.hits >= hits + 1
+    assert admit(engine, [VIDEO_URL, VIDEO_URL], fresh_memo=False)[0] is not None
+    assert admit(engine, [VIDEO_URL], fresh_memo=False) == [None]  # a hit: not decoded
+    assert admit(engine, [VIDEO], fresh_memo=False) == [None]  # the same bytes
+    assert memo.hits >= hits + 2
     hits = memo.hits
-    admit(engine, [VIDEO_URL], salt="tenant-b")
-    admit(engine, [VIDEO_URL], {"num_frames": 8})
+    assert admit(engine, [VIDEO_URL], salt="tenant-b", fresh_memo=False)[0] is not None
+    assert admit(engine, [VIDEO_URL], {"num_frames": 8}, fresh_memo=False)[0] is not None
     assert memo.hits == hits
 
 

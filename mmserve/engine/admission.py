@@ -17,8 +17,7 @@ from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaKind, is_http_url
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
-from mmserve.multimodal.video_inputs import AnyPreparedVideo
-from mmserve.multimodal.video_source import video_memo_key
+from mmserve.multimodal.video_memo import AnyPreparedVideo, VideoLookup
 
 if TYPE_CHECKING:
     from mmserve.engine.llm_engine import LLMEngine
@@ -205,31 +204,24 @@ class Admission:
     async def prepare_video(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
     ) -> AnyPreparedVideo:
-        """Decode (``decode_video``), then preprocess and hash in the media threads (the
-        processor's per-tenant memo first)."""
-        frames = await self.decode_video(source, cache_salt, mm_kwargs)
-        processor = self.engine.processor
-        return await self.executors.media(processor.prepare_video, frames, mm_kwargs, cache_salt)
+        """Read and hash the video once and look it up in the processor's per-tenant memo
+        (``VideoInputs.lookup``, in the media threads); only a miss is decoded
+        (``decode_video``) and preprocessed (media threads)."""
+        videos = self.engine.processor.videos
+        merged = self.engine.processor.check_mm_kwargs(mm_kwargs)
+        look = await self.executors.media(videos.lookup, source, merged, cache_salt)
+        if look.hit is not None:
+            return look.hit
+        frames = look.frames if look.frames is not None else await self.decode_video(look)
+        return await self.executors.media(videos.finish, look, frames)
 
-    async def decode_video(
-        self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
-    ) -> VideoFrames:
-        """Decode and sample one video in a media worker process (the media threads without
-        them, or for frames given already decoded); the memo is consulted here first."""
-        processor = self.engine.processor
-        if self.media_workers is None or not isinstance(source, (bytes, str)):
-            return await self.executors.media(processor.load_video, source, cache_salt, mm_kwargs)
-        sampling = processor.video_sampling(mm_kwargs)
-        key = None
-        if isinstance(source, bytes) or source[:5].lower() == "data:":  # not a path: may change
-            key = await self.executors.text(video_memo_key, source, sampling, cache_salt)
-            hit = processor.video_memo.get(key)
-            if hit is not None:
-                return hit
-        video = await self.media_workers.run_video(source, sampling)
-        if key is not None:
-            processor.video_memo.put(key, video)
-        return video
+    async def decode_video(self, look: VideoLookup) -> VideoFrames:
+        """Decode and sample a memo miss's bytes in a media worker process (the media threads
+        without them)."""
+        if self.media_workers is None:
+            return await self.executors.media(self.engine.processor.videos.decode, look)
+        assert look.data is not None
+        return await self.media_workers.run_video(look.data, look.sampling)
 
     async def _fetch_if_remote(self, source: Any, kind: MediaKind = "image") -> Any:
         if isinstance(source, str) and is_http_url(source):

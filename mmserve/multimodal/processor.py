@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.inputs import MultiModalItem, ProcessedPrompt, VideoFrames
+from mmserve.inputs import MultiModalItem, ProcessedPrompt
 from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
@@ -29,15 +29,11 @@ from mmserve.multimodal.request_kwargs import (
     check_request_kwargs,
     image_kwargs,
 )
-from mmserve.multimodal.video_inputs import AnyPreparedVideo, VideoInputs
+from mmserve.multimodal.video_inputs import VideoInputs
+from mmserve.multimodal.video_memo import AnyPreparedVideo
 from mmserve.multimodal.video_prep import PreparedVideo
 from mmserve.multimodal.video_sampling import VideoSampling, without_sampling
-from mmserve.multimodal.video_source import (
-    VideoLoader,
-    VideoMemo,
-    is_encoded,
-    video_memo_key,
-)
+from mmserve.multimodal.video_source import VideoLoader
 
 
 class InputProcessor:
@@ -64,7 +60,6 @@ class InputProcessor:
         self.hf_config = model_config.hf_config
         self.tokenizer = tokenizer
         self.max_images = max_images
-        self.videos = VideoInputs(model_config, max_videos)
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
@@ -73,7 +68,7 @@ class InputProcessor:
             model_config.path, image_processor, model_config.processor_kwargs
         )
         self.video_loader = VideoLoader(media_policy, sampling)
-        self.video_memo = VideoMemo()
+        self.videos = VideoInputs(model_config, max_videos, self.video_loader)
         glue = self.preparer.image_inputs
         self.image_text = (
             glue.image_text(tokenizer, model_config) if glue and glue.image_text else None
@@ -131,8 +126,7 @@ class InputProcessor:
             if is_video:
                 video = videos[i]
                 if not isinstance(video, (PreparedVideo, PreparedOnevisionVideo)):
-                    decoded = self.load_video(video, cache_salt, mm_kwargs)
-                    video = self.prepare_video(decoded, mm_kwargs, cache_salt)
+                    video = self.videos.prepare(video, merged, cache_salt)
                 starts = None
                 if isinstance(video, PreparedVideo) and video.timestamps:  # Qwen3-VL: "<t seconds>"
                     expansion, starts = timestamp_tokens(
@@ -155,9 +149,9 @@ class InputProcessor:
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
     ) -> AnyPreparedVideo:
-        """Check, hash and preprocess one video as ``load_video`` gives it (decoded and
-        sampled: every frame is used) with the prompt's processor settings (memoized per
-        tenant). Thread-safe."""
+        """Read, decode, sample, hash and preprocess one video (any ``video_source`` input)
+        with the prompt's processor settings, or take it from the memo by its content hash
+        (per tenant). Thread-safe; blocking (never call it on the event loop)."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def _process_image_text(
@@ -263,29 +257,6 @@ class InputProcessor:
         video sampling keys left out), or None when they are the engine's."""
         merged = self.check_mm_kwargs(mm_kwargs)
         return image_kwargs(self.model_config.processor_kwargs, merged)
-
-    def video_sampling(self, mm_kwargs: Any = None) -> VideoSampling:
-        """The frame sampling of a request with these ``mm_processor_kwargs``."""
-        return self.video_loader.sampling_for(self.check_mm_kwargs(mm_kwargs))
-
-    def load_video(
-        self, source: Any, cache_salt: str | None = None, mm_kwargs: Any = None
-    ) -> VideoFrames:
-        """Read, decode and sample one video (any ``video_source`` input; frames are checked),
-        or take it from the memo when these exact bytes were seen before by the same tenant
-        with the same sampling. Thread-safe; blocking (never call it on the event loop)."""
-        if not self.videos.accepted:
-            raise ValueError("this model does not accept videos")
-        sampling = self.video_sampling(mm_kwargs)
-        if not is_encoded(source):
-            return self.video_loader.load(source, sampling)
-        raw = source if isinstance(source, bytes) else self.video_loader.read(source)
-        key = video_memo_key(raw, sampling, cache_salt)
-        video = self.video_memo.get(key)
-        if video is None:
-            video = self.video_loader.load(raw, sampling)
-            self.video_memo.put(key, video)
-        return video
 
     def item_key(
         self,

@@ -29,7 +29,7 @@ REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "LlavaForConditionalGeneration": (),
     "Qwen2VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Qwen2_5_VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
-    "Qwen3VLForConditionalGeneration": _PIXELS,
+    "Qwen3VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Gemma3ForConditionalGeneration": ("do_pan_and_scan",),
 }
 MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used go first)

@@ -1,18 +1,17 @@
-"""The video side of ``InputProcessor``: which models take videos, how many per prompt, and the
-video processor settings per merged ``mm_processor_kwargs``."""
+"""The video side of ``InputProcessor``: which models take videos, how many per prompt, the
+video processor settings per merged ``mm_processor_kwargs``, and the one place a video is
+looked up by its content hash and decoded and preprocessed only on a miss."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Any
 
 from mmserve.config import ModelConfig
-from mmserve.multimodal.image_memo import DEFAULT_MEMO_BYTES
+from mmserve.inputs import VideoFrames
 from mmserve.multimodal.onevision_video import (
     ONEVISION_ARCHITECTURE,
     OnevisionVideoSettings,
-    PreparedOnevisionVideo,
     checked_onevision_video,
     hash_onevision_video,
     load_onevision_video_settings,
@@ -20,27 +19,37 @@ from mmserve.multimodal.onevision_video import (
 )
 from mmserve.multimodal.qwen3_video import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
 from mmserve.multimodal.request_kwargs import canonical
-from mmserve.multimodal.video_prep import PreparedVideo, checked_video, hash_video, preprocessed
+from mmserve.multimodal.video_memo import (
+    AnyPreparedVideo,
+    AnyVideoSettings,
+    PreparedVideoMemo,
+    VideoLookup,
+    hash_encoded_video,
+    memo_key,
+)
+from mmserve.multimodal.video_prep import checked_video, hash_video, preprocessed
 from mmserve.multimodal.video_processing import (
     VIDEO_ARCHITECTURES,
     VideoSettings,
     load_video_settings,
 )
 from mmserve.multimodal.video_sampling import without_sampling
-
-AnyPreparedVideo = PreparedVideo | PreparedOnevisionVideo
+from mmserve.multimodal.video_source import VideoLoader, is_encoded
 
 
 class VideoInputs:
     """Video admission for one model: the placeholder token, the per-prompt limit, settings.
 
     Invariant: settings are loaded once per distinct merged kwargs (the engine's when a request
-    gives none) and are immutable, so concurrent admission threads share them; the memo's keys
-    are content hashes that include those settings.
+    gives none) and are immutable, so concurrent admission threads share them; ``memo`` is the
+    only memo of videos, keyed by tenant salt + the content hash (``video_memo``), which
+    includes those settings and the frame sampling.
     """
 
-    def __init__(self, model_config: ModelConfig, max_videos: int) -> None:
+    def __init__(self, model_config: ModelConfig, max_videos: int, loader: VideoLoader) -> None:
+        """``loader``: reads, decodes and samples videos (the engine's sampling)."""
         self.model_config = model_config
+        self.loader = loader
         self.max_videos = max_videos
         self.onevision = model_config.architecture == ONEVISION_ARCHITECTURE
         self.accepted = model_config.architecture in VIDEO_ARCHITECTURES or self.onevision
@@ -82,65 +91,69 @@ class VideoInputs:
                 self._settings[key] = found
         return found
 
+    def load(self, source: Any, merged_kwargs: dict[str, Any] | None = None) -> VideoFrames:
+        """Read, decode and sample one video (no memo): the frames the model would see."""
+        return self.loader.load(source, self.loader.sampling_for(merged_kwargs))
+
+    def lookup(
+        self,
+        source: Any,
+        merged_kwargs: dict[str, Any] | None = None,
+        cache_salt: str | None = None,
+    ) -> VideoLookup:
+        """Read (encoded) or sample and check (frames given) one video, hash its content once
+        and look it up in the memo. Blocking (reads files); thread-safe."""
+        if not self.accepted:
+            raise ValueError("this model does not accept videos")
+        settings = self.settings(merged_kwargs)
+        sampling = self.loader.sampling_for(merged_kwargs)
+        data, frames = None, None
+        if is_encoded(source):
+            data = self.loader.read(source)
+            mm_hash = hash_encoded_video(data, self.model_config.model, settings, sampling)
+        else:
+            frames = self._checked(self.loader.load(source, sampling), settings)
+            if isinstance(settings, OnevisionVideoSettings):
+                mm_hash = hash_onevision_video(frames, self.model_config.model, settings)
+            else:
+                mm_hash = hash_video(frames, self.model_config.model, settings)
+        key = memo_key(mm_hash, cache_salt)
+        return VideoLookup(mm_hash, key, settings, sampling, self.memo.get(key), data, frames)
+
+    def decode(self, look: VideoLookup) -> VideoFrames:
+        """A memo miss's encoded bytes decoded and sampled in this process."""
+        assert look.data is not None
+        return self.loader.load(look.data, look.sampling)
+
+    def finish(self, look: VideoLookup, frames: VideoFrames) -> AnyPreparedVideo:
+        """Check and preprocess a memo miss's decoded frames under its content hash; memoized."""
+        frames = self._checked(frames, look.settings)
+        if isinstance(look.settings, OnevisionVideoSettings):
+            prepared: AnyPreparedVideo = preprocessed_onevision(frames, look.mm_hash, look.settings)
+        else:
+            prepared = preprocessed(frames, look.mm_hash, look.settings)
+        self.memo.put(look.key, prepared)
+        return prepared
+
     def prepare(
         self,
-        video: Any,
+        source: Any,
         merged_kwargs: dict[str, Any] | None = None,
         cache_salt: str | None = None,
     ) -> AnyPreparedVideo:
-        """ValueError for a video this model cannot take or whose placeholders alone would
-        not leave room for one generated token within ``max_model_len``. The same frames sent
-        again (a chat's next turn) by the same tenant are hashed, not preprocessed again."""
-        if not self.accepted:
-            raise ValueError("this model does not accept videos")
-        mc = self.model_config
-        settings = self.settings(merged_kwargs)
+        """Look up (``lookup``), and on a miss decode (``decode``) and preprocess (``finish``)
+        one video of any ``video_source`` input. ValueError for a video this model cannot take
+        or whose placeholders alone would not leave room for one generated token within
+        ``max_model_len``. Thread-safe; blocking (never call it on the event loop)."""
+        look = self.lookup(source, merged_kwargs, cache_salt)
+        if look.hit is not None:
+            return look.hit
+        return self.finish(look, look.frames if look.frames is not None else self.decode(look))
+
+    def _checked(self, frames: VideoFrames, settings: AnyVideoSettings) -> VideoFrames:
+        """``frames`` (sampled: every frame is used), refused when their placeholders alone
+        exceed ``max_model_len - 1``."""
+        max_tokens = self.model_config.max_model_len - 1
         if isinstance(settings, OnevisionVideoSettings):
-            frames = checked_onevision_video(video, settings, mc.max_model_len - 1)
-            mm_hash = hash_onevision_video(frames, mc.model, settings)
-        else:
-            frames = checked_video(video, settings, mc.max_model_len - 1)
-            mm_hash = hash_video(frames, mc.model, settings)
-        key = f"{cache_salt or ''}|{mm_hash}"
-        prepared = self.memo.get(key)
-        if prepared is None:
-            if isinstance(settings, OnevisionVideoSettings):
-                prepared = preprocessed_onevision(frames, mm_hash, settings)
-            else:
-                prepared = preprocessed(frames, mm_hash, settings)
-            self.memo.put(key, prepared)
-        return prepared
-
-
-class PreparedVideoMemo:
-    """LRU of ``PreparedVideo`` by tenant salt + content hash.
-
-    Invariants: the summed ``pixel_values`` bytes held stay <= ``max_bytes`` (least recently
-    used first out; a larger video is not held); safe from several admission threads.
-    """
-
-    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, AnyPreparedVideo] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-
-    def get(self, key: str) -> AnyPreparedVideo | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-            return found
-
-    def put(self, key: str, prepared: AnyPreparedVideo) -> None:
-        size = prepared.pixel_values.nbytes
-        with self._lock:
-            if size > self.max_bytes or key in self._entries:
-                return
-            self._entries[key] = prepared
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= evicted.pixel_values.nbytes
+            return checked_onevision_video(frames, settings, max_tokens)
+        return checked_video(frames, settings, max_tokens)

@@ -13,12 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import blake3
 import numpy as np
 from PIL import Image
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.image_memo import DEFAULT_MEMO_BYTES, ByteBoundedMemo
 from mmserve.multimodal.media import VideoTooLargeError
 from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
 from mmserve.multimodal.video import VideoLimits, decode_video
@@ -87,7 +85,7 @@ class VideoLoader:
     video, or checks frames given already decoded.
 
     Holds only picklable settings, so the media worker processes run the same code; no cache
-    (``VideoMemo`` is the server process's).
+    (``video_memo`` is the server process's).
     """
 
     def __init__(
@@ -121,18 +119,3 @@ class VideoLoader:
             frames = checked_frames(source, sampling.fps or DEFAULT_FRAMES_FPS, self.limits)
             return sampling.sample_frames(frames)
         return decode_video(self.read(source), sampling, self.limits)
-
-
-def video_memo_key(raw: bytes | str, sampling: VideoSampling, cache_salt: str | None) -> str:
-    """The memo key of encoded video bytes (or of a data URL, before decoding it): per tenant
-    and per sampling setting."""
-    kind, data = ("url", raw.encode()) if isinstance(raw, str) else ("raw", raw)
-    digest = blake3.blake3(data).hexdigest()
-    return f"{cache_salt or ''}|video|{sampling.key()}|{kind}:{digest}"
-
-
-class VideoMemo(ByteBoundedMemo[VideoFrames]):
-    """``ByteBoundedMemo`` of decoded videos, sized by their frames."""
-
-    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
-        super().__init__(max_bytes, lambda video: int(np.asarray(video.frames).nbytes))
