@@ -80,8 +80,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP; ``activation`` and ``norm_weight_offset`` go to ``MLP`` and
-    ``RMSNorm``."""
+    """Pre-norm attention and MLP; ``activation`` (default: the config's ``hidden_act``) and
+    ``norm_weight_offset`` go to ``MLP`` and ``RMSNorm``."""
 
     def __init__(
         self,
@@ -90,11 +90,12 @@ class DecoderLayer(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         attention_cls: type[Attention] = Attention,
-        activation: str = "silu",
+        activation: str | None = None,
         norm_weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
         dim, eps = cfg.hidden_size, cfg.rms_norm_eps
+        activation = cfg.hidden_act if activation is None else activation
         self.self_attn = attention_cls(cfg, layer_idx, qkv_bias, o_bias)
         self.mlp = MLP(dim, cfg.intermediate_size, getattr(cfg, "mlp_bias", False), activation)
         self.input_layernorm = RMSNorm(dim, eps, norm_weight_offset)
