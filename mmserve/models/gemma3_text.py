@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
+from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.layers.norm import RMSNorm
-from mmserve.layers.rotary import apply_rope_to_heads_, rotary_from_parameters
+from mmserve.layers.rotary import rotary_from_parameters
 from mmserve.models.llama import Attention, DecoderLayer, LlamaModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -26,37 +26,21 @@ NORM_OFFSET = 1.0  # Gemma's RMSNorm scales by 1 + weight
 
 
 class Gemma3Attention(Attention):
-    """Llama attention with Gemma's q/k norms, ``query_pre_attn_scalar`` scale and, on local
-    layers, a sliding window."""
+    """Llama attention with Gemma's (1 + weight) q/k norms, ``query_pre_attn_scalar`` scale
+    and, on local layers, a sliding window."""
 
     def __init__(self, cfg: Any, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__(cfg, layer_idx, qkv_bias, o_bias)
-        self.scale = cfg.query_pre_attn_scalar**-0.5
-        self.layer_type = SLIDING if cfg.layer_types[layer_idx] == SLIDING else FULL
-        self.sliding_window = cfg.sliding_window if self.layer_type == SLIDING else None
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, NORM_OFFSET)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, NORM_OFFSET)
-
-    def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
-        qkv[:, :q_size] = self.q_norm(qkv[:, :q_size].reshape(-1, d)).view(t, q_size)
-        k_rows = slice(q_size, q_size + kv_size)
-        qkv[:, k_rows] = self.k_norm(qkv[:, k_rows].reshape(-1, d)).view(t, kv_size)
-        apply_rope_to_heads_(qkv, self.num_heads + self.num_kv_heads, cos, sin)
-        q, k, v = self.qkv_proj.split(qkv)
-        out = paged_attention(
-            self.layer_idx,
-            cache,
-            q.view(t, self.num_heads, d),
-            k.view(t, self.num_kv_heads, d),
-            v.view(t, self.num_kv_heads, d),
-            meta,
-            self.scale,
-            self.sliding_window,
+        local = cfg.layer_types[layer_idx] == SLIDING
+        super().__init__(
+            cfg,
+            layer_idx,
+            qkv_bias,
+            o_bias,
+            qk_norm_offset=NORM_OFFSET,
+            sliding_window=cfg.sliding_window if local else None,
+            scale=cfg.query_pre_attn_scalar**-0.5,
         )
-        return self.o_proj(out.view(t, -1))
+        self.layer_type = SLIDING if local else FULL
 
 
 class Gemma3DecoderLayer(DecoderLayer):

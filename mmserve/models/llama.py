@@ -20,22 +20,56 @@ from mmserve.layers.rotary import RotaryEmbedding, apply_rope_to_heads_, rope_th
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
+    """GQA attention with RoPE over the paged KV cache, q/k/v fused in one projection.
+
+    The models' differences are parameters: ``qk_norm_offset`` (``None``: no q/k norms)
+    adds an ``RMSNorm`` over each q and each k head before RoPE (``q_norm``, ``k_norm``)
+    with that weight offset (Qwen3: 0, Gemma: 1); ``sliding_window`` limits each query to
+    that many latest keys (the torch attention path); ``scale`` replaces ``head_dim**-0.5``.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        layer_idx: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        *,
+        qk_norm_offset: float | None = None,
+        sliding_window: int | None = None,
+        scale: float | None = None,
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 if scale is None else scale
+        self.sliding_window = sliding_window
         hidden = cfg.hidden_size
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         shards = [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
         self.qkv_proj = StackedLinear(hidden, shards, bias=qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=o_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm_offset is not None:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, qk_norm_offset)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, qk_norm_offset)
 
-    def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata):
+    def _norm_qk_heads_(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> None:
+        """Normalize each q and k head of the fused ``qkv`` rows in place."""
+        t, d = qkv.shape[0], self.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        qkv[:, :q_size] = q_norm(qkv[:, :q_size].reshape(-1, d)).view(t, q_size)
+        k_rows = slice(q_size, q_size + kv_size)
+        qkv[:, k_rows] = k_norm(qkv[:, k_rows].reshape(-1, d)).view(t, kv_size)
+
+    def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
+        if self.q_norm is not None and self.k_norm is not None:
+            self._norm_qk_heads_(qkv, self.q_norm, self.k_norm)
         apply_rope_to_heads_(qkv, self.num_heads + self.num_kv_heads, cos, sin)
         q, k, v = self.qkv_proj.split(qkv)
         out = paged_attention(
@@ -46,6 +80,7 @@ class Attention(nn.Module):
             v.view(t, self.num_kv_heads, d),
             meta,
             self.scale,
+            self.sliding_window,
         )
         return self.o_proj(out.view(t, -1))
 

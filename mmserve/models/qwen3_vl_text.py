@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
+from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.layers.mrope_interleaved import InterleavedMRotaryEmbedding
-from mmserve.layers.norm import RMSNorm
-from mmserve.layers.rotary import apply_rope_to_heads_, rope_theta
+from mmserve.layers.rotary import rope_theta
 from mmserve.models.interface import DeepstackInputs
 from mmserve.models.llama import Attention, LlamaModel
 
@@ -30,29 +29,7 @@ class Qwen3Attention(Attention):
     ``k_norm``)."""
 
     def __init__(self, cfg: Any, layer_idx: int, qkv_bias: bool, o_bias: bool) -> None:
-        super().__init__(cfg, layer_idx, qkv_bias, o_bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, cache: PagedKVCache, meta: AttentionMetadata):
-        t, d = x.shape[0], self.head_dim
-        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]: q heads, k heads, v heads
-        qkv[:, :q_size] = self.q_norm(qkv[:, :q_size].reshape(-1, d)).view(t, q_size)
-        k_rows = slice(q_size, q_size + kv_size)
-        qkv[:, k_rows] = self.k_norm(qkv[:, k_rows].reshape(-1, d)).view(t, kv_size)
-        apply_rope_to_heads_(qkv, self.num_heads + self.num_kv_heads, cos, sin)
-        q, k, v = self.qkv_proj.split(qkv)
-        out = paged_attention(
-            self.layer_idx,
-            cache,
-            q.view(t, self.num_heads, d),
-            k.view(t, self.num_kv_heads, d),
-            v.view(t, self.num_kv_heads, d),
-            meta,
-            self.scale,
-        )
-        return self.o_proj(out.view(t, -1))
+        super().__init__(cfg, layer_idx, qkv_bias, o_bias, qk_norm_offset=0.0)
 
 
 class Qwen3VLTextModel(LlamaModel):
