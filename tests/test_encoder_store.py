@@ -15,6 +15,7 @@ from mmserve.store.codec import CorruptEntry, StoreCodec
 from mmserve.store.disk import DiskTier
 from mmserve.store.factory import resolve_secret
 from mmserve.store.fingerprint import weights_fingerprint
+from mmserve.store.held import HeldKeys
 from mmserve.store.keys import StoreKeyer
 from mmserve.store.ram import RamTier
 from mmserve.store.store import EncoderStore
@@ -168,6 +169,42 @@ def test_full_write_queue_drops_and_counts_never_blocks(tmp_path):
     gate.set()
     store.flush(5)
     assert store.metrics.get("writes") <= 2
+
+
+def test_an_entry_is_written_again_only_once_the_tier_lost_it(tmp_path):
+    store = make_store(tmp_path)
+    disk = store.tiers[0]
+    assert isinstance(disk, DiskTier)
+    a = item(1)
+    blob_size = len(store.codec.encode(store.keyer.key(a.key), emb(1)))
+    store.encoded(a.key, emb(1))
+    store.flush(5)
+    store.encoded(a.key, emb(1))  # re-encoded after an eviction: the disk holds it
+    store.flush(5)
+    assert store.metrics.get("writes") == 1
+    disk.capacity = 2 * blob_size  # two more entries evict it
+    for seed in (2, 3):
+        store.encoded(item(seed).key, emb(seed))
+    store.flush(5)
+    assert store.keyer.key(a.key) not in disk
+    store.encoded(a.key, emb(1))
+    store.flush(5)
+    assert store.metrics.get("writes") == 4 and store.keyer.key(a.key) in disk
+
+
+def test_held_keys_forget_by_age_overflow_and_discard(monkeypatch):
+    held = HeldKeys(capacity=2, max_age_s=10)
+    now = [100.0]
+    monkeypatch.setattr("mmserve.store.held.time.monotonic", lambda: now[0])
+    held.add("a")
+    held.add("b")
+    assert "a" in held  # refreshes a: b is now the least recently used
+    held.add("c")
+    assert "b" not in held and "a" in held and len(held) == 2
+    held.discard("a")
+    assert "a" not in held
+    now[0] += 11
+    assert "c" not in held and len(held) == 0
 
 
 def test_late_lookup_is_a_miss_and_counted(tmp_path):

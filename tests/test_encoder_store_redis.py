@@ -49,8 +49,8 @@ def replica(url: str, **kw) -> LLM:
 
 def test_redis_tier_writes_once_refreshes_ttl_and_opens_its_circuit(redis_server: RedisProcess):
     tier = RedisTier(redis_server.url, ttl_s=100, timeout_s=0.5, cooldown_s=60)
-    tier.put("k", b"first")
-    tier.put("k", b"second")  # SET NX: the first value stays
+    assert tier.put("k", b"first") is True
+    assert tier.put("k", b"second") is False  # SET NX: the first value stays
     redis_server.client.expire(KEY_PREFIX + "k", 10)
     assert tier.get("k") == b"first"
     assert redis_server.client.ttl(KEY_PREFIX + "k") > 10  # GETEX refreshed it

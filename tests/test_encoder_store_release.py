@@ -88,3 +88,46 @@ def test_repeated_image_and_preemption_encode_what_was_evicted_and_answer_the_sa
     assert metrics["num_preemptions"] > 0 and metrics["encoder_images_loaded"] == 4
     assert metrics["encoder_images_encoded"] >= 1
     assert_no_leaks(llm)
+
+
+def squeezed_llm(store: str, **kw) -> LLM:
+    """The first occurrence's entry is evicted before the chunk that reaches the repeat."""
+    return LLM(
+        "tiny-llava",
+        encoder_store_dir=store,
+        enable_encoder_cache=False,
+        max_num_batched_tokens=300,
+        **kw,
+    )
+
+
+def test_reencoding_an_image_the_store_holds_writes_nothing(tmp_path, images):
+    store = fill_store(tmp_path, images[:2])
+    llm = squeezed_llm(store)
+    repeated = [{"prompt": PROMPT_ABA, "images": [images[0], images[1], images[0]]}]
+    assert answers(llm, repeated) == answers(LLM("tiny-llava"), repeated)
+    llm.engine.close()
+    metrics = llm.get_metrics()
+    assert metrics["encoder_images_loaded"] == 2 and metrics["encoder_images_encoded"] == 1
+    assert metrics["encoder_store_writes"] == 0  # both were loaded from the store
+
+
+def test_one_write_per_distinct_image_and_rewrites_after_the_store_lost_them(tmp_path, images):
+    store = str(tmp_path / "store")
+    # every lookup reaches the disk tier; no prefix hit skips the repeat's first image
+    llm = squeezed_llm(store, encoder_store_ram=0, enable_prefix_caching=False)
+    answers(llm, [{"prompt": PROMPT, "images": [img]} for img in images[:2]])
+    llm.engine.store.flush()
+    assert llm.get_metrics()["encoder_store_writes"] == 2
+    repeated = [{"prompt": PROMPT_ABA, "images": [images[0], images[1], images[0]]}]
+    answers(llm, repeated)  # loads A and B, then encodes A again: the store holds it
+    llm.engine.store.flush()
+    metrics = llm.get_metrics()
+    assert metrics["encoder_images_encoded"] == 3 and metrics["encoder_store_writes"] == 2
+    for file in (tmp_path / "store").glob("*/*.mmes"):
+        file.unlink()  # another process sharing the directory evicted them
+    answers(llm, repeated)  # the lookups miss: A and B are written again, A's repeat is not
+    llm.engine.close()
+    metrics = llm.get_metrics()
+    assert metrics["encoder_images_encoded"] == 6 and metrics["encoder_store_writes"] == 4
+    assert len(list((tmp_path / "store").glob("*/*.mmes"))) == 2

@@ -83,7 +83,7 @@ ENGINE_METRICS: tuple[EngineMetric, ...] = (
                  _sched("num_preemptions")),
     EngineMetric("prompt_tokens", "counter",
                  "Prompt tokens admitted (image placeholders included).",
-                 lambda e: e.num_prompt_tokens),
+                 lambda e: e.intake.num_prompt_tokens),
     EngineMetric("generation_tokens", "counter", "Tokens generated.",
                  _sched("generation_tokens")),
     EngineMetric("encoder_cache_hits", "counter", "Images found in the encoder cache.",

@@ -1,12 +1,9 @@
-"""LLMEngine: admission (inputs -> Request), step = schedule -> execute -> update, metrics."""
+"""LLMEngine: assembly, admission (via ``RequestIntake``), step = schedule -> execute -> update."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,20 +11,17 @@ import torch
 
 from mmserve.config import EngineConfig
 from mmserve.core.encoder_cache import EncoderCacheManager
-from mmserve.core.kv_cache_manager import KVCacheManager, cdiv
+from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.progress import ProgressMonitor
 from mmserve.core.scheduler import Scheduler
 from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.engine_metrics import read_engine_metrics
 from mmserve.engine.errors import EngineDeadError
-from mmserve.engine.fanout import FanOut, child_params
-from mmserve.engine.generation_defaults import (
-    build_sampling_params,
-    default_max_tokens,
-    describe_defaults,
-)
+from mmserve.engine.fanout import FanOut
+from mmserve.engine.generation_defaults import build_sampling_params, describe_defaults
 from mmserve.engine.grammar import GrammarCompiler
+from mmserve.engine.intake import RequestIntake
 from mmserve.engine.loading import (
     create_engine_config,
     load_image_processor,
@@ -39,15 +33,15 @@ from mmserve.engine.malloc_tuning import tune_malloc
 from mmserve.engine.memory_profile import num_kv_blocks
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
-from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
+from mmserve.engine.stall import default_stall_steps, stall_message
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
-from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt
 from mmserve.layers.attention import PagedKVCache, select_attention_backend
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
-from mmserve.request import Request, RequestStatus
+from mmserve.request import RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.store import EncoderStore, open_encoder_store
 from mmserve.worker.model_runner import ModelRunner
@@ -157,12 +151,21 @@ class LLMEngine:
             )
             self.runner.encoder.sink = self.store
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
-        self.progress = ProgressMonitor(sc.stall_steps or self._default_stall_steps())
+        self.progress = ProgressMonitor(sc.stall_steps or default_stall_steps(config))
         self.dead: BaseException | None = None
         self.outputs = OutputProcessor(self.detokenizer, self.scheduler.finish_requests)
         self.fanout = FanOut()
-        self._ids = itertools.count()
-        self.num_prompt_tokens = 0
+        self.intake = RequestIntake(
+            config,
+            self.processor,
+            self.store,
+            self.scheduler,
+            self.outputs,
+            self.fanout,
+            self.grammar,
+            self.vocab_size,
+            self.encoder_budget,
+        )
 
     @classmethod
     def from_args(
@@ -187,15 +190,7 @@ class LLMEngine:
     ) -> LLMEngine:
         return cls(create_engine_config(args), None, allowed_local_path, media_policy)
 
-    def _default_stall_steps(self) -> int:
-        """Generously more steps than the progress argument in ``Scheduler`` needs before the
-        oldest request gains a token: recompute a whole context and drain every running
-        request's in-progress image, a few steps per image."""
-        mc, sc = self.config.model, self.config.scheduler
-        tokens = mc.max_model_len + sc.max_num_seqs * mc.max_tokens_per_image
-        return 2 * (cdiv(tokens, sc.max_num_batched_tokens) + sc.max_images_per_prompt) + 64
-
-    # ---- admission ---------------------------------------------------------------------
+    # ---- admission (``RequestIntake``) ------------------------------------------------
     def process_inputs(
         self,
         prompt: str | Sequence[int],
@@ -205,59 +200,21 @@ class LLMEngine:
         mm_processor_kwargs: dict[str, Any] | None = None,
         videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
-        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
-        ``videos``: decoded videos (``VideoFrames``, PIL frame lists, arrays) or
-        ``PreparedVideo``s, one item per frame group.
-        ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
-        prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
-        engine's image processor settings for this prompt's images (part of their keys)."""
-        check_cache_salt(cache_salt)
-        processed = self.processor.process(
+        """``RequestIntake.process_inputs`` (thread-safe; the server runs it off-loop)."""
+        return self.intake.process_inputs(
             prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
         )
-        processed.cache_salt = cache_salt
-        check_prompt_fits(
-            processed,
-            self.max_model_len,
-            self.scheduler.encoder_cache.capacity,
-            self.encoder_budget,
-        )
-        self.start_store_lookup(processed)
-        return processed
 
     def start_store_lookup(self, processed: ProcessedPrompt) -> None:
-        """Ask the encoder store for the prompt's items (their keys final, salted); a lookup
-        left ``None`` means no store, no items, or every item in this engine's cache."""
-        if self.store is not None and processed.mm_items:
-            cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
-            processed.store_lookup = self.store.lookup(processed.mm_items, cached)
+        self.intake.start_store_lookup(processed)
 
     @property
     def store_timeout_s(self) -> float:
-        store = self.config.encoder_store
-        return 0.0 if store is None else store.timeout_ms / 1000
+        return self.intake.store_timeout_s
 
     def wait_for_store(self, prompts: Sequence[ProcessedPrompt]) -> None:
-        """Wait, at most the store deadline in all, for these prompts' store lookups (the
-        offline path; the server awaits them in ``Admission``). Never on the engine thread."""
-        deadline = time.monotonic() + self.store_timeout_s
-        for processed in prompts:
-            if processed.store_lookup is not None:
-                processed.store_lookup.wait(max(0.0, deadline - time.monotonic()))
-
-    @staticmethod
-    def _take_store_hits(processed: ProcessedPrompt) -> list[MultiModalItem]:
-        """The prompt's items with the lookups resolved by now attached (loads); one still
-        pending is a miss (encoded). ``processed`` keeps no tensor: a caller may hold it for
-        as long as the request runs (``LLM.generate`` does), the request drops them sooner."""
-        lookup, processed.store_lookup = processed.store_lookup, None
-        hits = {} if lookup is None else lookup.hits()
-        if not hits:
-            return processed.mm_items
-        return [
-            dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
-            for item in processed.mm_items
-        ]
+        """``RequestIntake.wait_for_store``: never on the engine thread."""
+        self.intake.wait_for_store(prompts)
 
     def add_processed(
         self,
@@ -267,65 +224,12 @@ class LLMEngine:
         prompt_text: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Queue one processed prompt; ``params.n > 1`` fans out ``n`` child requests whose
-        outputs come back merged under ``request_id`` (see ``engine.fanout``). ``cache_salt``
-        defaults to the one the prompt was admitted with."""
-        params.check_token_ids(self.vocab_size)
-        if cache_salt is None:
-            cache_salt = processed.cache_salt  # the salt admission scoped the images with
-        if params.n > self.config.scheduler.max_num_seqs:
-            raise ValueError(
-                f"n must be <= max_num_seqs ({self.config.scheduler.max_num_seqs}), got {params.n}"
-            )
-        if params.structured_outputs is not None:  # the server compiles it off the loop first
-            self.grammar.compile(params.structured_outputs)
-        req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if params.max_tokens is None:
-            room = default_max_tokens(
-                self.max_model_len,
-                len(processed.prompt_token_ids),
-                self.generation_defaults.get("max_tokens"),
-            )
-            params = dataclasses.replace(params, max_tokens=room)
-        if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
-            raise ValueError(f"request id {req_id!r} is already in use")
-        items = self._take_store_hits(processed)
-        if params.n == 1:
-            self._add_request(req_id, processed, items, params, prompt_text, cache_salt)
-        else:
-            ids = self.fanout.add(req_id, params.n, prompt_text)
-            leader = None
-            prefix_caching = self.config.cache.enable_prefix_caching
-            for cid, child in zip(ids, child_params(params), strict=True):
-                request = self._add_request(cid, processed, items, child, None, cache_salt, leader)
-                if prefix_caching and leader is None:
-                    leader = request
-        self.num_prompt_tokens += len(processed.prompt_token_ids)
-        return req_id
-
-    def _add_request(
-        self,
-        req_id: str,
-        processed: ProcessedPrompt,
-        items: list[MultiModalItem],
-        params: SamplingParams,
-        prompt_text: str | None,
-        cache_salt: str | None,
-        leader: Request | None = None,
-    ) -> Request:
-        request = Request(
-            req_id,
-            processed.prompt_token_ids,
-            params,
-            items,
-            eos_token_ids=self.config.model.eos_token_ids,
-            max_model_len=self.max_model_len,
-            cache_salt=cache_salt,
-            prefill_leader=leader,
+        """``RequestIntake.add_processed``, an unset ``max_tokens`` capped by the generation
+        config's ``max_new_tokens``."""
+        cap = self.generation_defaults.get("max_tokens")
+        return self.intake.add_processed(
+            processed, params, request_id, prompt_text, cache_salt, cap
         )
-        self.scheduler.add_request(request)
-        self.outputs.add(req_id, prompt_text)
-        return request
 
     def default_sampling_params(self) -> SamplingParams:
         """The generation config's defaults (``max_tokens`` unset: sized per prompt)."""
@@ -387,19 +291,8 @@ class LLMEngine:
         if stuck is None:
             return []
         self.scheduler.finish_requests([stuck.req_id], RequestStatus.FINISHED_ERROR)
-        return [self.outputs.error_output(stuck, self._stall_message(stuck))]
-
-    def _stall_message(self, request: Request) -> str:
-        sc = self.config.scheduler
-        limit = self.progress.limit
-        return (
-            f"no progress: no request's computed tokens advanced for {limit} steps and request"
-            f" {request.req_id} ({request.num_tokens} tokens, {len(request.mm_items)} images)"
-            f" was first in line. Limits: max_num_batched_tokens={sc.max_num_batched_tokens},"
-            f" encoder cache {self.scheduler.encoder_cache.capacity} embeddings,"
-            f" {self.scheduler.kv.pool.num_blocks} KV blocks, stall_steps={limit}; raise the one"
-            " this input exceeds (this should not happen for validated settings: please report)"
-        )
+        why = stall_message(stuck, self.config, self.scheduler, self.progress.limit)
+        return [self.outputs.error_output(stuck, why)]
 
     def close(self) -> None:
         """Finish the encoder store's queued writes and stop its threads (if there is one)."""

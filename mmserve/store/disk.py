@@ -73,6 +73,11 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self._index)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether this process's index lists ``key`` (another process may have deleted it)."""
+        with self._lock:
+            return key in self._index
+
     def get(self, key: str) -> bytes | None:
         path = self.path_of(key)
         try:
@@ -92,9 +97,10 @@ class DiskTier:
             self._index.move_to_end(key)
         return data
 
-    def put(self, key: str, value: bytes) -> None:
+    def put(self, key: str, value: bytes) -> bool:
+        """Whether the value was stored (False: larger than the whole tier)."""
         if len(value) > self.capacity:
-            return
+            return False
         path = self.path_of(key)
         path.parent.mkdir(exist_ok=True)
         tmp = self.root / f".tmp-{os.getpid()}-{uuid.uuid4().hex}"
@@ -108,6 +114,7 @@ class DiskTier:
             self.num_bytes += len(value) - self._index.pop(key, 0)
             self._index[key] = len(value)
             self._evict_over_capacity()
+        return True
 
     def delete(self, key: str) -> None:
         try:

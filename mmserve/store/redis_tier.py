@@ -60,8 +60,9 @@ class RedisTier:
         value = self._call(self.client.getex, KEY_PREFIX + key, ex=self.ttl_s)
         return None if value is None else bytes(value)
 
-    def put(self, key: str, value: bytes) -> None:
-        self._call(self.client.set, KEY_PREFIX + key, value, nx=True, ex=self.ttl_s)
+    def put(self, key: str, value: bytes) -> bool:
+        """Whether this call stored it (False: the key existed, its TTL left as it was)."""
+        return bool(self._call(self.client.set, KEY_PREFIX + key, value, nx=True, ex=self.ttl_s))
 
     def delete(self, key: str) -> None:
         self._call(self.client.delete, KEY_PREFIX + key)

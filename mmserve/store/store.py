@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
+from math import inf
 from threading import Lock
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from mmserve.inputs import MultiModalItem
 from mmserve.store.codec import CorruptEntry, StoreCodec
 from mmserve.store.disk import DiskTier
+from mmserve.store.held import HeldKeys
 from mmserve.store.keys import StoreKeyer
 from mmserve.store.lookup import StoreLookup
 from mmserve.store.metrics import StoreMetrics
@@ -39,6 +41,10 @@ class EncoderStore:
       key is in flight, shared by the prompts that want it; a tier failure is a miss;
     - writes (encoded outputs to L2 + L3, device-cache evictions to L1, an L3 hit copied to
       L2) are write-behind through one bounded queue (``WriteBehind``): callers never block;
+    - an encoded output is written only to the tiers not known to hold its key (``HeldKeys``
+      per tier: this process's verified hits and stored writes; a miss, a corrupt entry, a
+      failed write, a disk eviction or half the Redis TTL forgets it), so re-encoding an
+      evicted entry the store holds queues nothing;
     - nothing here raises into the caller for a tier's failure.
     """
 
@@ -56,6 +62,10 @@ class EncoderStore:
         self.ram = ram
         self.tiers = list(tiers)
         self.disk = next((t for t in self.tiers if isinstance(t, DiskTier)), None)
+        self.held = {
+            tier.name: HeldKeys(max_age_s=tier.ttl_s / 2 if isinstance(tier, RedisTier) else inf)
+            for tier in self.tiers
+        }
         self.metrics = StoreMetrics()
         self.writer = WriteBehind(write_queue, self.metrics)
         atexit.register(self.writer.flush, EXIT_FLUSH_S)  # a short-lived process keeps its writes
@@ -118,6 +128,7 @@ class EncoderStore:
             finally:
                 self.metrics.add(f"{tier.name}_lookup_seconds", time.perf_counter() - start)
             if blob is None:
+                self.held[tier.name].discard(skey)
                 self.metrics.add(f"{tier.name}_misses")
                 continue
             try:
@@ -125,6 +136,7 @@ class EncoderStore:
             except CorruptEntry as exc:
                 self._corrupt(tier, skey, exc)
                 continue
+            self.held[tier.name].add(skey)
             self.metrics.add(f"{tier.name}_hits")
             self.metrics.add(f"{tier.name}_bytes", len(blob))
             if self.disk is not None and tier is not self.disk:
@@ -137,6 +149,7 @@ class EncoderStore:
         self.writer.submit(lambda: self._put(disk, skey, blob))
 
     def _corrupt(self, tier: ByteTier, skey: str, exc: CorruptEntry) -> None:
+        self.held[tier.name].discard(skey)
         self.metrics.add(f"{tier.name}_misses")
         self.metrics.add("corrupt_entries")
         if exc.mac:
@@ -159,10 +172,15 @@ class EncoderStore:
 
     # ---- writes (write-behind) -------------------------------------------------------
     def encoded(self, item_key: str, tensor: torch.Tensor) -> None:
-        """An embedding the encoder just computed: written to L2 and L3 in the background."""
-        if self.tiers:
-            skey = self.keyer.key(item_key)
-            self.writer.submit(lambda: self._write(skey, tensor))
+        """An embedding the encoder just computed: written in the background to the tiers
+        not known to hold it (none: nothing is queued)."""
+        skey = self.keyer.key(item_key)
+        tiers = [tier for tier in self.tiers if not self._holds(tier, skey)]
+        if tiers:
+            self.writer.submit(lambda: self._write(skey, tensor, tiers))
+
+    def _holds(self, tier: ByteTier, skey: str) -> bool:
+        return skey in self.held[tier.name] and (tier is not self.disk or skey in tier)
 
     def evicted(self, item_key: str, tensor: torch.Tensor) -> None:
         """An embedding the device cache dropped: kept in L1 (host RAM)."""
@@ -172,17 +190,21 @@ class EncoderStore:
             own = tensor.device.type == "cpu" and tensor._base is None
             self.writer.submit(lambda: ram.put(skey, tensor if own else tensor.to("cpu").clone()))
 
-    def _write(self, skey: str, tensor: torch.Tensor) -> None:
+    def _write(self, skey: str, tensor: torch.Tensor, tiers: Sequence[ByteTier]) -> None:
         blob = self.codec.encode(skey, tensor)
-        for tier in self.tiers:
+        for tier in tiers:
             self._put(tier, skey, blob)
         self.metrics.add("writes")
 
     def _put(self, tier: ByteTier, skey: str, blob: bytes) -> None:
         try:
-            tier.put(skey, blob)
+            stored = tier.put(skey, blob)
         except Exception as exc:
+            self.held[tier.name].discard(skey)
             self._tier_error(tier.name, exc)
+            return
+        if stored:
+            self.held[tier.name].add(skey)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the queued writes (tests, benchmarks, shutdown)."""

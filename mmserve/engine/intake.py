@@ -1,0 +1,186 @@
+"""RequestIntake: a prompt's inputs -> ProcessedPrompt (store lookups started) -> Request(s)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mmserve.config import EngineConfig
+from mmserve.core.scheduler import Scheduler
+from mmserve.engine.fanout import FanOut, child_params
+from mmserve.engine.generation_defaults import default_max_tokens
+from mmserve.engine.grammar import GrammarCompiler
+from mmserve.engine.output_processor import OutputProcessor
+from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
+from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.multimodal.processor import InputProcessor
+from mmserve.request import Request
+from mmserve.sampling_params import SamplingParams
+from mmserve.store import EncoderStore
+
+
+class RequestIntake:
+    """The engine's admission half: ``process_inputs`` (thread-safe: tokenize, preprocess,
+    check the prompt fits, start its encoder-store lookups) and ``add_processed`` (engine
+    thread: check the parameters, attach the store hits, queue one request or ``n``
+    children). ``num_prompt_tokens`` counts the prompt tokens of every queued prompt."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        processor: InputProcessor,
+        store: EncoderStore | None,
+        scheduler: Scheduler,
+        outputs: OutputProcessor,
+        fanout: FanOut,
+        grammar: GrammarCompiler,
+        vocab_size: int,
+        encoder_budget: int,
+    ) -> None:
+        self.config = config
+        self.processor = processor
+        self.store = store
+        self.scheduler = scheduler
+        self.outputs = outputs
+        self.fanout = fanout
+        self.grammar = grammar
+        self.vocab_size = vocab_size
+        self.encoder_budget = encoder_budget
+        self.max_model_len = config.model.max_model_len
+        self.num_prompt_tokens = 0
+        self._ids = itertools.count()
+
+    # ---- inputs -> ProcessedPrompt -------------------------------------------------------
+    def process_inputs(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] = (),
+        uuids: Sequence[str | None] | None = None,
+        cache_salt: str | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        videos: Sequence[Any] = (),
+    ) -> ProcessedPrompt:
+        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
+        ``videos``: decoded videos (``VideoFrames``, PIL frame lists, arrays) or
+        ``PreparedVideo``s, one item per frame group.
+        ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
+        prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
+        engine's image processor settings for this prompt's images (part of their keys)."""
+        check_cache_salt(cache_salt)
+        processed = self.processor.process(
+            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+        )
+        processed.cache_salt = cache_salt
+        check_prompt_fits(
+            processed,
+            self.max_model_len,
+            self.scheduler.encoder_cache.capacity,
+            self.encoder_budget,
+        )
+        self.start_store_lookup(processed)
+        return processed
+
+    def start_store_lookup(self, processed: ProcessedPrompt) -> None:
+        """Ask the encoder store for the prompt's items (their keys final, salted); a lookup
+        left ``None`` means no store, no items, or every item in this engine's cache."""
+        if self.store is not None and processed.mm_items:
+            cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
+            processed.store_lookup = self.store.lookup(processed.mm_items, cached)
+
+    @property
+    def store_timeout_s(self) -> float:
+        store = self.config.encoder_store
+        return 0.0 if store is None else store.timeout_ms / 1000
+
+    def wait_for_store(self, prompts: Sequence[ProcessedPrompt]) -> None:
+        """Wait, at most the store deadline in all, for these prompts' store lookups (the
+        offline path; the server awaits them in ``Admission``). Never on the engine thread."""
+        deadline = time.monotonic() + self.store_timeout_s
+        for processed in prompts:
+            if processed.store_lookup is not None:
+                processed.store_lookup.wait(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _take_store_hits(processed: ProcessedPrompt) -> list[MultiModalItem]:
+        """The prompt's items with the lookups resolved by now attached (loads); one still
+        pending is a miss (encoded). ``processed`` keeps no tensor: a caller may hold it for
+        as long as the request runs (``LLM.generate`` does), the request drops them sooner."""
+        lookup, processed.store_lookup = processed.store_lookup, None
+        hits = {} if lookup is None else lookup.hits()
+        if not hits:
+            return processed.mm_items
+        return [
+            dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
+            for item in processed.mm_items
+        ]
+
+    # ---- ProcessedPrompt -> Request(s) ---------------------------------------------------
+    def add_processed(
+        self,
+        processed: ProcessedPrompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        prompt_text: str | None = None,
+        cache_salt: str | None = None,
+        default_max_tokens_cap: int | None = None,
+    ) -> str:
+        """Queue one processed prompt; ``params.n > 1`` fans out ``n`` child requests whose
+        outputs come back merged under ``request_id`` (see ``engine.fanout``). ``cache_salt``
+        defaults to the one the prompt was admitted with; an unset ``max_tokens`` is the
+        room left in the context, at most ``default_max_tokens_cap``."""
+        params.check_token_ids(self.vocab_size)
+        if cache_salt is None:
+            cache_salt = processed.cache_salt  # the salt admission scoped the images with
+        max_num_seqs = self.config.scheduler.max_num_seqs
+        if params.n > max_num_seqs:
+            raise ValueError(f"n must be <= max_num_seqs ({max_num_seqs}), got {params.n}")
+        if params.structured_outputs is not None:  # the server compiles it off the loop first
+            self.grammar.compile(params.structured_outputs)
+        req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if params.max_tokens is None:
+            room = default_max_tokens(
+                self.max_model_len, len(processed.prompt_token_ids), default_max_tokens_cap
+            )
+            params = dataclasses.replace(params, max_tokens=room)
+        if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
+            raise ValueError(f"request id {req_id!r} is already in use")
+        items = self._take_store_hits(processed)
+        if params.n == 1:
+            self._add_request(req_id, processed, items, params, prompt_text, cache_salt)
+        else:
+            ids = self.fanout.add(req_id, params.n, prompt_text)
+            leader = None
+            prefix_caching = self.config.cache.enable_prefix_caching
+            for cid, child in zip(ids, child_params(params), strict=True):
+                request = self._add_request(cid, processed, items, child, None, cache_salt, leader)
+                if prefix_caching and leader is None:
+                    leader = request
+        self.num_prompt_tokens += len(processed.prompt_token_ids)
+        return req_id
+
+    def _add_request(
+        self,
+        req_id: str,
+        processed: ProcessedPrompt,
+        items: list[MultiModalItem],
+        params: SamplingParams,
+        prompt_text: str | None,
+        cache_salt: str | None,
+        leader: Request | None = None,
+    ) -> Request:
+        request = Request(
+            req_id,
+            processed.prompt_token_ids,
+            params,
+            items,
+            eos_token_ids=self.config.model.eos_token_ids,
+            max_model_len=self.max_model_len,
+            cache_salt=cache_salt,
+            prefill_leader=leader,
+        )
+        self.scheduler.add_request(request)
+        self.outputs.add(req_id, prompt_text)
+        return request
