@@ -38,7 +38,6 @@ class RequestIntake:
         fanout: FanOut,
         grammar: GrammarCompiler,
         vocab_size: int,
-        encoder_budget: int,
     ) -> None:
         self.config = config
         self.processor = processor
@@ -48,7 +47,6 @@ class RequestIntake:
         self.fanout = fanout
         self.grammar = grammar
         self.vocab_size = vocab_size
-        self.encoder_budget = encoder_budget
         self.max_model_len = config.model.max_model_len
         self.num_prompt_tokens = 0
         self._ids = itertools.count()
@@ -78,7 +76,7 @@ class RequestIntake:
             processed,
             self.max_model_len,
             self.scheduler.encoder_cache.capacity,
-            self.encoder_budget,
+            self.scheduler.encoder_compute_budget,  # the one budget: what each step may encode
         )
         self.start_store_lookup(processed)
         return processed

@@ -94,10 +94,10 @@ class LLMEngine:
             probe = torch.zeros(1, mc.hidden_size, dtype=torch_dtype(mc.dtype), device=self.device)
             self.vocab_size = int(self.model.compute_logits(probe).shape[-1])
         self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
-        self.encoder_budget, _ = compute_encoder_budget(mc, sc)
+        encoder_budget, _ = compute_encoder_budget(mc, sc)
         capacity = encoder_cache_capacity(mc, sc, cc)
         num_blocks = num_kv_blocks(
-            config, self.model, self.device, capacity, self.encoder_budget, self.processor
+            config, self.model, self.device, capacity, encoder_budget, self.processor
         )
         if mc.max_model_len > num_blocks * cc.block_size:
             raise ValueError(
@@ -126,7 +126,7 @@ class LLMEngine:
             EncoderCacheManager(capacity, mc.bytes_per_embedding, cc.enable_encoder_cache),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
-            encoder_compute_budget=self.encoder_budget,
+            encoder_compute_budget=encoder_budget,
             disable_chunked_mm_input=sc.disable_chunked_mm_input,
         )
         backend = select_attention_backend(
@@ -164,8 +164,17 @@ class LLMEngine:
             self.fanout,
             self.grammar,
             self.vocab_size,
-            self.encoder_budget,
         )
+
+    @property
+    def encoder_budget(self) -> int:
+        """Embeddings the vision encoder may compute per step; admission refuses any item
+        larger (the scheduler's budget: one value, read by both)."""
+        return self.scheduler.encoder_compute_budget
+
+    @encoder_budget.setter
+    def encoder_budget(self, value: int) -> None:
+        self.scheduler.encoder_compute_budget = value
 
     @classmethod
     def from_args(
