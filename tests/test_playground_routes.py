@@ -83,3 +83,13 @@ def test_without_ui_there_is_no_page(server: RunningServer) -> None:
     assert "/" not in paths and "/ui/{name}" not in paths
     with_page = build_app(server.engine, served_model_names=names, policy=HTTPPolicy(ui=True))
     assert "/" in {getattr(route, "path", None) for route in with_page.routes}
+
+
+def test_a_package_without_the_page_fails_loudly(tmp_path, monkeypatch) -> None:
+    from mmserve.entrypoints.openai import ui_routes
+
+    (tmp_path / "ui").mkdir()
+    (tmp_path / "ui" / "playground.js").write_text("")
+    monkeypatch.setattr(ui_routes.resources, "files", lambda _package: tmp_path)
+    with pytest.raises(RuntimeError, match="playground page is missing"):
+        ui_routes.ui_files()

@@ -40,6 +40,8 @@ def ui_files() -> dict[str, tuple[bytes, str]]:
         suffix = "." + entry.name.rsplit(".", 1)[-1]
         if entry.is_file() and suffix in _MEDIA_TYPES:
             files[entry.name] = (entry.read_bytes(), _MEDIA_TYPES[suffix])
+    if "index.html" not in files:
+        raise RuntimeError("the playground page is missing from the installed package (ui/)")
     return files
 
 
