@@ -192,6 +192,36 @@ def test_an_entry_is_written_again_only_once_the_tier_lost_it(tmp_path):
     assert store.metrics.get("writes") == 4 and store.keyer.key(a.key) in disk
 
 
+def test_a_reencode_racing_its_own_queued_write_queues_nothing(tmp_path):
+    """The write of A is still queued when A is encoded again (an evicted image re-encoded at
+    once): one write, not two (it was two, and an engine test counting writes was flaky)."""
+    store, a = make_store(tmp_path), item(1)
+    gate = threading.Event()
+    store.writer.submit(gate.wait)  # hold the writer thread
+    store.encoded(a.key, emb(1))
+    store.encoded(a.key, emb(1))
+    gate.set()
+    assert store.flush(10)
+    assert store.metrics.get("writes") == 1
+    store.encoded(a.key, emb(1))  # written and held: nothing more
+    assert store.flush(10) and store.metrics.get("writes") == 1
+    store.close()
+
+
+def test_a_dropped_write_is_not_left_pending(tmp_path):
+    store, a = make_store(tmp_path, queue=1), item(1)
+    started, gate = threading.Event(), threading.Event()
+    store.writer.submit(lambda: (started.set(), gate.wait()))  # the writer thread held
+    assert started.wait(10)
+    assert store.writer.submit(lambda: None)  # the queue's one slot taken
+    store.encoded(a.key, emb(1))  # dropped
+    gate.set()
+    assert store.flush(10) and store.metrics.get("writes") == 0
+    store.encoded(a.key, emb(1))  # not pending: queued this time
+    assert store.flush(10) and store.metrics.get("writes") == 1
+    store.close()
+
+
 def test_held_keys_forget_by_age_overflow_and_discard(monkeypatch):
     held = HeldKeys(capacity=2, max_age_s=10)
     now = [100.0]

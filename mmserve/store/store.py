@@ -44,7 +44,8 @@ class EncoderStore:
     - an encoded output is written only to the tiers not known to hold its key (``HeldKeys``
       per tier: this process's verified hits and stored writes; a miss, a corrupt entry, a
       failed write, a disk eviction or half the Redis TTL forgets it), so re-encoding an
-      evicted entry the store holds queues nothing;
+      evicted entry the store holds queues nothing; nor does re-encoding one whose write is
+      still queued (if that write then fails, a later lookup misses and writes it);
     - nothing here raises into the caller for a tier's failure.
     """
 
@@ -66,6 +67,8 @@ class EncoderStore:
             tier.name: HeldKeys(max_age_s=tier.ttl_s / 2 if isinstance(tier, RedisTier) else inf)
             for tier in self.tiers
         }
+        self._pending: set[str] = set()  # store keys whose write is queued or running
+        self._pending_lock = Lock()
         self.metrics = StoreMetrics()
         self.writer = WriteBehind(write_queue, self.metrics)
         atexit.register(self.writer.flush, EXIT_FLUSH_S)  # a short-lived process keeps its writes
@@ -175,9 +178,19 @@ class EncoderStore:
         """An embedding the encoder just computed: written in the background to the tiers
         not known to hold it (none: nothing is queued)."""
         skey = self.keyer.key(item_key)
-        tiers = [tier for tier in self.tiers if not self._holds(tier, skey)]
-        if tiers:
-            self.writer.submit(lambda: self._write(skey, tensor, tiers))
+        with self._pending_lock:
+            if skey in self._pending:
+                return  # its write is queued already (a re-encode racing its own write)
+            tiers = [tier for tier in self.tiers if not self._holds(tier, skey)]
+            if not tiers:
+                return
+            self._pending.add(skey)
+        if not self.writer.submit(lambda: self._write(skey, tensor, tiers)):
+            self._done(skey)
+
+    def _done(self, skey: str) -> None:
+        with self._pending_lock:
+            self._pending.discard(skey)
 
     def _holds(self, tier: ByteTier, skey: str) -> bool:
         return skey in self.held[tier.name] and (tier is not self.disk or skey in tier)
@@ -191,10 +204,13 @@ class EncoderStore:
             self.writer.submit(lambda: ram.put(skey, tensor if own else tensor.to("cpu").clone()))
 
     def _write(self, skey: str, tensor: torch.Tensor, tiers: Sequence[ByteTier]) -> None:
-        blob = self.codec.encode(skey, tensor)
-        for tier in tiers:
-            self._put(tier, skey, blob)
-        self.metrics.add("writes")
+        try:
+            blob = self.codec.encode(skey, tensor)
+            for tier in tiers:
+                self._put(tier, skey, blob)
+            self.metrics.add("writes")
+        finally:
+            self._done(skey)
 
     def _put(self, tier: ByteTier, skey: str, blob: bytes) -> None:
         try:
