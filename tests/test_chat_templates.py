@@ -91,6 +91,17 @@ def test_rendered_prompt_matches_transformers(layout: str) -> None:
     assert TEXT in ours_string and "And the colour?" in ours_string
 
 
+@pytest.mark.parametrize("layout", ["tiny-qwen2-vl-hub", "tiny-qwen3-vl-hub"])
+def test_video_parts_render_the_published_video_placeholder(layout: str) -> None:
+    """Qwen2-VL- and Qwen3-VL-Instruct's published templates have a video branch."""
+    template, tokenizer = template_of(layout)
+    parts = [{"type": "video_url", "video_url": {"url": "x.mp4"}}, {"type": "text", "text": TEXT}]
+    ours = chat_to_prompt(tokenizer, [{"role": "user", "content": parts}], None, template).prompt
+    hf_parts = [{"type": "video"}, {"type": "text", "text": TEXT}]
+    assert ours == hf_render(reference(layout), [{"role": "user", "content": hf_parts}])
+    assert "<|vision_start|><|video_pad|><|vision_end|>" + TEXT in ours
+
+
 def test_hub_llava_template_reads_parts_only() -> None:
     """The bug this fixes: the hub template drops plain-string content (transformers renders
     it without the text), so mmserve must hand it parts."""

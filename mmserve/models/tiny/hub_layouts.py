@@ -5,7 +5,7 @@ config), derived from a preset's build by moving its template files; weights are
   (``{"chat_template": ...}``, parts only, with ``{% generation %}``), beside
   ``processor_config.json``; none in the tokenizer files.
 - ``tiny-qwen2-vl-hub``: Qwen2-VL-Instruct: ``chat_template.json`` and the tokenizer config
-  both carry the template (default system prompt, ``add_vision_id``).
+  both carry the template (default system prompt, image and video parts, ``add_vision_id``).
 - ``tiny-qwen3-vl-hub``: Qwen3-VL-Instruct: the template (no default system prompt, image
   and video parts) in ``chat_template.json`` and the tokenizer config, and the image processor
   named as published (``Qwen2VLImageProcessorFast`` for ``Qwen3VLProcessor``).
@@ -42,9 +42,9 @@ LLAVA_HUB_TEMPLATE = (
 )
 
 # Qwen2-VL-Instruct's template, in its shape: a default system prompt, string or part content,
-# "Picture N: " labels when the caller passes add_vision_id.
+# image and video parts, "Picture N: " / "Video N: " labels when the caller passes add_vision_id.
 QWEN2_VL_HUB_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}"
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
@@ -55,6 +55,10 @@ QWEN2_VL_HUB_TEMPLATE = (
     "{% set image_count.value = image_count.value + 1 %}"
     "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
     "{% endfor %}<|im_end|>\n{% endif %}"
     "{% endfor %}"
@@ -169,4 +173,4 @@ HUB_LAYOUTS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "tiny-qwen2-vl-generation-config": ("tiny-qwen2-vl", _generation_config),
 }
 LAYOUT_NAMES: tuple[str, ...] = tuple(HUB_LAYOUTS)
-LAYOUT_VERSION = 1  # bump whenever a layout's edits change (invalidates caches)
+LAYOUT_VERSION = 2  # bump whenever a layout's edits change (invalidates caches)
