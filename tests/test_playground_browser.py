@@ -1,6 +1,7 @@
 """The playground page in a real browser: Debian's headless Chromium driven by Selenium against
 a real server on 127.0.0.1. Two turns about one image: the second reports the image cached;
-the cache panel fills in; with and without an API key; user text stays text.
+the cache panel fills in; with and without an API key; user text stays text; a video uploaded
+to a video model is encoded piece by piece, then cached.
 
 Skipped when Chromium or chromedriver is missing, unless ``MMSERVE_REQUIRE_BROWSER=1`` (CI
 sets it: there a missing browser is a failure). Screenshots go to ``$MMSERVE_TEST_ARTIFACTS``
@@ -20,6 +21,7 @@ import pytest
 from mmserve.entrypoints.openai.server import RunningServer
 from tests.conftest import make_image
 from tests.openai_server import serve_model
+from tests.video_helpers import make_video
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -49,6 +51,11 @@ def keyed_server() -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
+def video_server() -> Iterator[RunningServer]:
+    yield from serve_model("tiny-qwen2-vl-hub", "--host", "127.0.0.1")  # its template has videos
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.fail("MMSERVE_REQUIRE_BROWSER=1 but chromium / chromedriver are missing")
@@ -69,6 +76,13 @@ def browser() -> Iterator[webdriver.Chrome]:
 def image_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("page") / "shapes.png"
     make_image(3, (160, 120)).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def video_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("page") / "counter.mp4"
+    path.write_bytes(make_video(num_frames=16, fps=4, size=(64, 48)))
     return path
 
 
@@ -95,12 +109,11 @@ def send(driver: webdriver.Chrome, text: str) -> dict:
     stats = {
         s.get_attribute("data-stat"): s.text for s in turn.find_elements(By.CSS_SELECTOR, ".stat")
     }
-    sources = [
-        m.get_attribute("data-source") for m in turn.find_elements(By.CSS_SELECTOR, ".media-item")
-    ]
+    media = turn.find_elements(By.CSS_SELECTOR, ".media-item")
+    sources = [m.get_attribute("data-source") for m in media]
     error = "error" in (turn.get_attribute("class") or "")
     return {"text": turn.find_element(By.CSS_SELECTOR, ".text").text, "stats": stats,
-            "sources": sources, "error": error}  # fmt: skip
+            "sources": sources, "media": [m.text for m in media], "error": error}  # fmt: skip
 
 
 def panel(driver: webdriver.Chrome) -> dict[str, str]:
@@ -204,3 +217,20 @@ def test_a_refused_turn_is_shown_and_returned_to_the_composer(browser, open_serv
     answered = send(browser, "Hello")  # the refused turn is not resent
     assert not answered["error"], answered["text"]
     assert answered["stats"]["prompt_tokens"].startswith("prompt ")
+
+
+def test_a_video_is_encoded_in_pieces_then_cached(browser, video_server, video_file) -> None:
+    open_page(browser, video_server)
+    browser.find_element(By.ID, "file-input").send_keys(str(video_file))
+    chip_video = "return document.querySelector('#attachments .chip video')?.readyState"
+    wait(browser, 10).until(lambda d: (d.execute_script(chip_video) or 0) >= 1)  # CSP lets it load
+    first = send(browser, "What happens in this video?")
+    assert not first["error"], first["text"]
+    assert first["sources"] == ["encoded"]
+    assert first["media"][0].startswith("video 1: encoded") and "pieces" in first["media"][0]
+    assert browser.find_elements(By.CSS_SELECTOR, ".turn.user video.thumb")
+    second = send(browser, "And at the end?")
+    assert not second["error"], second["text"]
+    assert len(second["sources"]) == 1 and second["sources"][0] in CACHED
+    assert int(second["stats"]["cached_tokens"].split()[-1]) > 0
+    assert browser.save_screenshot(str(ARTIFACTS / "playground-video.png"))

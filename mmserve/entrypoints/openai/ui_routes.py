@@ -3,8 +3,8 @@
 The files ship in the package (``ui/``: plain HTML, CSS and ES modules, no build step) and are
 read once when the app is built. They are public even with an API key (they hold no data; the
 page asks for the key and sends it on its API calls). A strict Content-Security-Policy allows
-only this origin's scripts, styles and API, plus ``data:`` / ``blob:`` images (the user's own
-uploads), so nothing a model or a user writes can run as code.
+only this origin's scripts, styles and API, plus ``data:`` / ``blob:`` images and videos (the
+user's own uploads), so nothing a model or a user writes can run as code.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _MEDIA_TYPES = {
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self';"
-        " img-src 'self' data: blob:; base-uri 'none'; form-action 'none';"
+        " img-src 'self' data: blob:; media-src data: blob:; base-uri 'none'; form-action 'none';"
         " frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",

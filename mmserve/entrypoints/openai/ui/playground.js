@@ -1,5 +1,5 @@
-// The playground: a chat with images over /v1/chat/completions (streamed), per-turn numbers
-// from the usage object, and the live cache panel. The whole conversation is sent each turn,
+// The playground: a chat with images and videos over /v1/chat/completions (streamed), per-turn
+// numbers from the usage object, and the live cache panel. The whole conversation is sent each turn,
 // as any OpenAI client does: the server's caches are what make the repeat cheap.
 
 import { Api } from "./api.js";
@@ -8,7 +8,8 @@ import { assistantTurn, attachmentChip, renderStats, userTurn } from "./render.j
 
 const $ = (id) => document.getElementById(id);
 const api = new Api();
-const chat = { messages: [], images: [], pending: [], controller: null };
+// media: the conversation's images and videos in the order sent; pending: for the next message
+const chat = { messages: [], media: [], pending: [], controller: null };
 
 function notice(message) {
   $("notice").textContent = message || "";
@@ -35,8 +36,8 @@ async function loadModels() {
 }
 
 function showAttachments() {
-  const chips = chat.pending.map((image, i) =>
-    attachmentChip(image, () => {
+  const chips = chat.pending.map((item, i) =>
+    attachmentChip(item, () => {
       chat.pending.splice(i, 1);
       showAttachments();
     }),
@@ -53,13 +54,26 @@ function readAsDataURL(file) {
   });
 }
 
+function mediaKind(file) {
+  if (file.type.startsWith("image/")) return "image";
+  return file.type.startsWith("video/") ? "video" : null;
+}
+
 async function addFiles(files) {
-  const images = [...files].filter((file) => file.type.startsWith("image/"));
-  for (const file of images) {
-    chat.pending.push({ name: file.name || "pasted image", url: await readAsDataURL(file) });
+  const media = [...files].filter(mediaKind);
+  for (const file of media) {
+    const kind = mediaKind(file);
+    const name = file.name || `pasted ${kind}`;
+    chat.pending.push({ kind, name, url: await readAsDataURL(file) });
   }
   showAttachments();
-  return images.length;
+  return media.length;
+}
+
+function contentPart(item) {
+  return item.kind === "video"
+    ? { type: "video_url", video_url: { url: item.url } }
+    : { type: "image_url", image_url: { url: item.url } };
 }
 
 function number(id) {
@@ -93,14 +107,14 @@ async function send() {
     return;
   }
   const messages = chat.messages; // this conversation's ("New chat" starts another)
-  const images = chat.pending.splice(0);
+  const attached = chat.pending.splice(0);
   showAttachments();
   $("prompt").value = "";
-  const parts = images.map((image) => ({ type: "image_url", image_url: { url: image.url } }));
+  const parts = attached.map(contentPart);
   if (text) parts.push({ type: "text", text });
-  messages.push({ role: "user", content: images.length ? parts : text });
-  chat.images.push(...images);
-  const asked = userTurn(text, images);
+  messages.push({ role: "user", content: attached.length ? parts : text });
+  chat.media.push(...attached);
+  const asked = userTurn(text, attached);
   const reply = assistantTurn($("model").value);
   $("log").append(asked, reply.node);
   reply.node.scrollIntoView({ block: "end" });
@@ -113,7 +127,7 @@ async function send() {
   let usage = null;
   let firstAt = null;
   let endAt = null;
-  const requestImages = [...chat.images];
+  const requestMedia = [...chat.media];
   try {
     for await (const event of api.chatStream(requestBody(), chat.controller.signal)) {
       endAt = performance.now();
@@ -135,8 +149,8 @@ async function send() {
     } else {
       messages.pop(); // not answered: the next message is sent without it
       if (messages === chat.messages) {
-        chat.images.splice(chat.images.length - images.length);
-        restoreComposer(text, images);
+        chat.media.splice(chat.media.length - attached.length);
+        restoreComposer(text, attached);
       }
       asked.classList.add("failed");
       reply.node.classList.add("error");
@@ -153,21 +167,21 @@ async function send() {
     timing.tokensPerSecond = ((completion - 1) * 1000) / (endAt - firstAt);
   }
   reply.text.classList.remove("pending");
-  renderStats(reply.stats, usage, timing, requestImages);
+  renderStats(reply.stats, usage, timing, requestMedia);
   reply.node.dataset.done = "true";
   refreshMetrics();
 }
 
-function restoreComposer(text, images) {
+function restoreComposer(text, attached) {
   if (!$("prompt").value) $("prompt").value = text;
-  chat.pending.unshift(...images);
+  chat.pending.unshift(...attached);
   showAttachments();
 }
 
 function newChat() {
   if (chat.controller) chat.controller.abort();
   chat.messages = [];
-  chat.images = [];
+  chat.media = [];
   $("log").replaceChildren();
 }
 
@@ -205,7 +219,7 @@ function wireInputs() {
   document.addEventListener("paste", (event) => {
     const clipboard = event.clipboardData;
     const files = clipboard ? [...clipboard.files] : [];
-    if (!files.some((file) => file.type.startsWith("image/"))) return;
+    if (!files.some(mediaKind)) return;
     if (!clipboard.getData("text/plain")) event.preventDefault(); // text pastes as usual
     addFiles(files);
   });

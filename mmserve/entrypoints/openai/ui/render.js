@@ -22,8 +22,19 @@ const SOURCES = {
   not_computed: ["skipped", "not computed"],
 };
 
-export function userTurn(text, images) {
-  const thumbs = images.map((image) => el("img", { src: image.url, alt: image.name, class: "thumb" }));
+// An image, or a video showing its first frame (muted, never autoplayed; `playable` adds the
+// controls that play it).
+function thumbnail(item, { size = "", playable = false } = {}) {
+  const cls = size ? `thumb ${size}` : "thumb";
+  if (item.kind !== "video") return el("img", { src: item.url, alt: item.name, class: cls });
+  const video = el("video", { src: item.url, title: item.name, class: cls, preload: "metadata" });
+  video.muted = true;
+  video.controls = playable;
+  return video;
+}
+
+export function userTurn(text, attached) {
+  const thumbs = attached.map((item) => thumbnail(item, { playable: true }));
   return el("li", { class: "turn user" }, [
     el("div", { class: "role", text: "You" }),
     el("div", { class: "images" }, thumbs),
@@ -50,9 +61,20 @@ function seconds(s) {
   return s < 1 ? `${Math.round(1000 * s)} ms` : `${s.toFixed(2)} s`;
 }
 
-// One turn's numbers: tokens from the usage object, times measured here; `images` are the
-// request's images in prompt order (the conversation's, earlier turns' included).
-export function renderStats(root, usage, timing, images) {
+// A video's frame groups or an image's crops: "; 4 pieces" when all came one way, else
+// "; 4 pieces: 3 encoded, 1 cached: encoder cache".
+function piecesLabel(pieces) {
+  const counts = Object.entries(pieces || {});
+  const total = counts.reduce((sum, [, n]) => sum + n, 0);
+  if (total < 2) return "";
+  if (counts.length < 2) return `; ${total} pieces`;
+  const parts = counts.map(([source, n]) => `${n} ${(SOURCES[source] || [0, source])[1]}`);
+  return `; ${total} pieces: ${parts.join(", ")}`;
+}
+
+// One turn's numbers: tokens from the usage object, times measured here; `media` are the
+// request's images and videos in the order sent (the conversation's, earlier turns' included).
+export function renderStats(root, usage, timing, media) {
   root.replaceChildren();
   if (usage) {
     const cached = usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
@@ -63,30 +85,33 @@ export function renderStats(root, usage, timing, images) {
   if (timing.tokensPerSecond !== null) {
     root.append(stat("tps", `${timing.tokensPerSecond.toFixed(1)} tokens/s`));
   }
-  const media = (usage && usage.mm_inputs) || [];
-  if (!media.length) return;
+  const inputs = (usage && usage.mm_inputs) || [];
+  if (!inputs.length) return;
   const list = el("ul", { class: "media" });
-  const counters = { image: 0, video: 0 };
-  for (const input of media) {
+  const sent = {
+    image: media.filter((item) => item.kind !== "video"),
+    video: media.filter((item) => item.kind === "video"),
+  };
+  for (const input of inputs) {
     const known = Object.hasOwn(SOURCES, input.source);
     const [kind, words] = known ? SOURCES[input.source] : ["skipped", String(input.source)];
-    const image = input.type === "image" ? images[counters.image] : null;
-    counters[input.type] += 1;
-    const label = `${input.type} ${input.index + 1}: ${words} (${input.tokens} tokens)`;
+    const item = (sent[input.type] || [])[input.index];
+    const tokens = `${input.tokens} tokens${piecesLabel(input.pieces)}`;
+    const label = `${input.type} ${input.index + 1}: ${words} (${tokens})`;
     const row = el("li", { class: `media-item ${kind}`, data: { source: input.source } });
-    if (image) row.append(el("img", { src: image.url, alt: image.name, class: "thumb small" }));
+    if (item) row.append(thumbnail(item, { size: "small" }));
     row.append(el("span", { text: label }));
     list.append(row);
   }
   root.append(list);
 }
 
-export function attachmentChip(image, onRemove) {
+export function attachmentChip(item, onRemove) {
   const remove = el("button", { type: "button", class: "remove", title: "remove", text: "x" });
   remove.addEventListener("click", onRemove);
   return el("div", { class: "chip" }, [
-    el("img", { src: image.url, alt: image.name, class: "thumb" }),
-    el("span", { class: "name", text: image.name }),
+    thumbnail(item),
+    el("span", { class: "name", text: item.name }),
     remove,
   ]);
 }
