@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
+from mmserve.arg_fields import add_field_flags, arg_field, env_arg_field
 from mmserve.arg_types import (
     human_readable_int,
     human_readable_int_or_auto,
@@ -42,44 +41,23 @@ KWARG_ALIASES = {  # vLLM's LLM(...) names
 }
 
 
-def _scalar_type(annotation: str) -> type:
-    return float if "float" in annotation else int if "int" in annotation else str
-
-
-def _arg(default: Any, help_text: str, secret: bool = False, **cli: Any) -> Any:
-    """A field with its help text and CLI options (``type``, ``choices``, ``metavar``);
-    ``secret``: left out of the repr (and so of logs)."""
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata={"help": help_text, **cli})
-    return field(default=default, repr=not secret, metadata={"help": help_text, **cli})
-
-
-def _env_arg(env: str, default: str, help_text: str, **cli: Any) -> Any:
-    """A field whose default is ``$env`` when set (the test suite's ``--device`` sets them)."""
-    help_text = f"{help_text}; ${env} sets the default"
-    return field(
-        default_factory=lambda: os.environ.get(env) or default,
-        metadata={"help": help_text, **cli},
-    )
-
-
 @dataclass
 class EngineArgs:
     """Engine settings. Unset (None) fields are autotuned from the model and the others."""
 
-    model: str = _arg("tiny-llava", "preset name or HF checkpoint dir")
-    dtype: str = _env_arg(
+    model: str = arg_field("tiny-llava", "preset name or HF checkpoint dir")
+    dtype: str = env_arg_field(
         "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is float32 on CPU (the compiled"
         " attention kernel's dtype) and on CUDA the checkpoint's half dtype, else bfloat16;"
         " half = float16, float = float32",
         choices=DTYPES,
     )  # fmt: skip
-    seed: int = _arg(0, "engine seed (sampling without a per-request seed)")
-    device: str = _env_arg(
+    seed: int = arg_field(0, "engine seed (sampling without a per-request seed)")
+    device: str = env_arg_field(
         "MMSERVE_DEVICE", "auto", "auto (CUDA when torch sees a GPU, else CPU), cpu, cuda or"
         " cuda:N", metavar="auto|cpu|cuda[:N]",
     )  # fmt: skip
-    attention_backend: str = _arg(
+    attention_backend: str = arg_field(
         "auto",
         "LM attention: 'cpu-kernel' (compiled, reads the paged KV cache in place; CPU float32),"
         " 'torch' (gather + SDPA, any device/dtype), 'flex' (torch flex_attention over the paged"
@@ -87,97 +65,101 @@ class EngineArgs:
         " else torch)",
         choices=ATTENTION_BACKENDS,
     )
-    max_model_len: int | None = _arg(
+    max_model_len: int | None = arg_field(
         None, "context length, e.g. 4096, 4k (4000), 4K (4096); auto or -1: the model config's",
         type=human_readable_int_or_auto,
     )  # fmt: skip
-    processor_kwargs: dict[str, Any] | None = _arg(
+    processor_kwargs: dict[str, Any] | None = arg_field(
         None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'"
         " (vLLM's --mm-processor-kwargs)",
         type=parse_json_object, aliases=("--mm-processor-kwargs",),
     )  # fmt: skip
-    chat_template: str | None = _arg(
+    chat_template: str | None = arg_field(
         None, "chat template file or template text (default: the checkpoint's chat_template.jinja,"
         " chat_template.json, tokenizer or processor config)",
         metavar="PATH|TEMPLATE",
     )  # fmt: skip
-    generation_config: str = _arg(
+    generation_config: str = arg_field(
         "auto", "sampling defaults: 'auto' (the checkpoint's generation_config.json), 'vllm'"
         " (ignore it) or a directory holding a generation_config.json",
         metavar="auto|vllm|DIR",
     )  # fmt: skip
-    block_size: int = _arg(16, "tokens per KV cache block")
-    num_kv_blocks: int | None = _arg(
+    block_size: int = arg_field(16, "tokens per KV cache block")
+    num_kv_blocks: int | None = arg_field(
         None, "KV cache blocks (default: max_num_seqs full-length sequences, capped by"
         " kv_cache_memory)",
     )  # fmt: skip
-    kv_cache_memory: int = _arg(
+    kv_cache_memory: int = arg_field(
         1 * GiB, "KV cache memory cap, e.g. 512MiB, 4G (K/M/G are powers of 1024)",
         type=parse_bytes, aliases=("--kv-cache-memory-bytes",),
     )  # fmt: skip
-    gpu_memory_utilization: float | None = _arg(
+    gpu_memory_utilization: float | None = arg_field(
         None, "CUDA: the fraction of the GPU's memory mmserve may use (weights, peak activations"
         " from a profiling pass, encoder cache; the rest is KV cache), 0.9 when unset; ignored"
         " on CPU, where --kv-cache-memory-bytes / --num-kv-blocks size the KV cache",
     )  # fmt: skip
-    enable_prefix_caching: bool = _arg(True, "reuse KV blocks of shared prefixes, images included")
-    prefix_caching_hash_algo: str = _arg("xxh3_128", "block hash", choices=HASH_ALGOS)
-    prefix_caching_seed: int | None = _arg(None, "root hash seed (default: random per process)")
-    enable_encoder_cache: bool = _arg(True, "keep encoder outputs for reuse across requests")
-    encoder_cache_memory: int = _arg(
+    enable_prefix_caching: bool = arg_field(
+        True, "reuse KV blocks of shared prefixes, images included"
+    )
+    prefix_caching_hash_algo: str = arg_field("xxh3_128", "block hash", choices=HASH_ALGOS)
+    prefix_caching_seed: int | None = arg_field(
+        None, "root hash seed (default: random per process)"
+    )
+    enable_encoder_cache: bool = arg_field(True, "keep encoder outputs for reuse across requests")
+    encoder_cache_memory: int = arg_field(
         1 * GiB, "encoder cache memory when encoder_cache_size is unset", type=parse_bytes
     )
-    encoder_cache_size: int | None = _arg(None, "encoder cache capacity in embeddings")
-    max_num_encoder_input_tokens: int | None = _arg(
+    encoder_cache_size: int | None = arg_field(None, "encoder cache capacity in embeddings")
+    max_num_encoder_input_tokens: int | None = arg_field(
         None, "encoder compute budget per step in embeddings"
     )
-    max_num_batched_tokens: int = _arg(
+    max_num_batched_tokens: int = arg_field(
         2048, "token budget per step, e.g. 2048, 8k, 8K", type=human_readable_int
     )
-    max_num_seqs: int = _arg(64, "max requests in the running batch")
-    disable_chunked_mm_input: bool = _arg(False, "never split an image's tokens across chunks")
-    limit_mm_per_prompt: dict[str, int] = _arg(
+    max_num_seqs: int = arg_field(64, "max requests in the running batch")
+    disable_chunked_mm_input: bool = arg_field(False, "never split an image's tokens across chunks")
+    limit_mm_per_prompt: dict[str, int] = arg_field(
         {"image": 16}, "max items per prompt as JSON, e.g. '{\"image\": 2, \"video\": 1}'"
         " (video: 1 unless given; audio: 0 only)", type=parse_mm_limits,
     )  # fmt: skip
-    stall_steps: int | None = _arg(None, "steps without progress before a request fails")
-    encoder_store_dir: str | None = _arg(
+    stall_steps: int | None = arg_field(None, "steps without progress before a request fails")
+    encoder_store_dir: str | None = arg_field(
         None, "encoder store L2: a local directory keeping encoder outputs across restarts"
     )
-    encoder_store_redis: str | None = _arg(
+    encoder_store_redis: str | None = arg_field(
         None, "encoder store L3: redis://host:port/db shared by replicas (needs a secret)",
         metavar="URL",
     )  # fmt: skip
-    encoder_store_secret: str | None = _arg(
+    encoder_store_secret: str | None = arg_field(
         None, "encoder store MAC secret, the same on every replica sharing L3 (default:"
         " $MMSERVE_ENCODER_STORE_SECRET; for L2 alone a random one kept in the directory)",
         secret=True,
     )  # fmt: skip
-    encoder_store_ram: int | None = _arg(
+    encoder_store_ram: int | None = arg_field(
         None, "encoder store L1 host RAM for evicted encoder outputs, e.g. 2GiB (default: 1 GiB"
         " when a disk or Redis tier is set, else off; 0: off)", type=parse_bytes,
     )  # fmt: skip
-    encoder_store_disk_bytes: int = _arg(
+    encoder_store_disk_bytes: int = arg_field(
         16 * GiB, "encoder store L2 byte cap (least recently used files go first)",
         type=parse_bytes,
     )  # fmt: skip
-    encoder_store_ttl: int = _arg(
+    encoder_store_ttl: int = arg_field(
         86400, "encoder store L3 entry lifetime in seconds (refreshed on read)"
     )
-    encoder_store_timeout_ms: float = _arg(
+    encoder_store_timeout_ms: float = arg_field(
         50.0, "how long admission waits for a request's store lookups before encoding instead"
     )
-    encoder_store_write_queue: int = _arg(
+    encoder_store_write_queue: int = arg_field(
         64, "encoder store write-behind queue length (full: writes are dropped and counted)"
     )
-    tensor_parallel_size: int = _arg(
+    tensor_parallel_size: int = arg_field(
         1, "vLLM compatibility: mmserve runs a model on one device, so only 1 is accepted",
         aliases=("-tp",),
     )  # fmt: skip
-    trust_remote_code: bool = _arg(
+    trust_remote_code: bool = arg_field(
         False, "vLLM compatibility: accepted and ignored; mmserve never runs code from a checkpoint"
     )
-    enforce_eager: bool = _arg(
+    enforce_eager: bool = arg_field(
         False, "vLLM compatibility: accepted and ignored; mmserve always runs eagerly"
     )
 
@@ -227,23 +209,7 @@ class EngineArgs:
     ) -> None:
         """One ``--flag`` per field (``--no-flag`` for booleans), defaults from the fields
         (``defaults`` overrides some, e.g. a benchmark's model; ``exclude`` leaves some out)."""
-        for f in fields(cls):
-            if f.name in exclude:
-                continue
-            meta = dict(f.metadata)
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default_factory() if callable(f.default_factory) else f.default
-            default = (defaults or {}).get(f.name, default)
-            shown = json.dumps(default) if isinstance(default, dict) else default
-            text = f"{meta.pop('help')} (default: {shown})".replace("%", "%%")
-            if f.type == "bool":
-                parser.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=default, help=text
-                )
-                continue
-            aliases = meta.pop("aliases", ())
-            kind = meta.pop("type", _scalar_type(str(f.type)))
-            parser.add_argument(flag, *aliases, type=kind, default=default, help=text, **meta)
+        add_field_flags(cls, parser, defaults, exclude)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

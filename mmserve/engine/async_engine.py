@@ -2,9 +2,9 @@
 
 Threading contract (the LLMEngine is not thread-safe):
 - ONE dedicated thread ("mmserve-engine") owns the engine: only it calls ``add_processed``,
-  ``abort_request``, ``step`` and ``get_metrics``. Adds and aborts reach it through an inbox
-  (a deque under a ``threading.Condition``) drained at the top of every loop iteration; with
-  nothing to do the thread sleeps on the condition (no busy spin).
+  ``abort_request``, ``step`` and ``get_metrics``. Adds and aborts reach it through a
+  ``CommandInbox`` drained at the top of every loop iteration; with nothing to do the thread
+  sleeps on the inbox's condition (no busy spin).
 - After every iteration the thread publishes a fresh ``get_metrics()`` dict; readers on other
   threads only ever see a complete snapshot (``AsyncLLMEngine.get_metrics``).
 - Outputs go back to the event loop with ``loop.call_soon_threadsafe`` into a per-request
@@ -30,12 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.chat_template import ChatTemplate
+from mmserve.engine.command_inbox import Command, CommandInbox
 from mmserve.engine.errors import (
     EngineDeadError,
     EngineError,
@@ -85,12 +85,10 @@ class AsyncLLMEngine(RequestLifecycle):
         )
         self._draining = False
         self.stats = ServerMetrics(self.get_metrics)
-        self._cv = threading.Condition()
-        self._inbox: deque[AddCommand | AbortCommand] = deque()
+        self._inbox = CommandInbox()
         self._active: dict[str, OutputStream] = {}  # engine thread only
         self._snapshot: dict[str, float] = dict(engine.get_metrics())
         self._num_unfinished = 0  # event loop only: admitted generate() calls not yet ended
-        self._stopping = False
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
         if start:
@@ -127,9 +125,7 @@ class AsyncLLMEngine(RequestLifecycle):
 
     def stop_loop(self, timeout: float = 10.0) -> None:
         """Stop the loop; in-flight and queued requests fail with ``EngineShutdownError``."""
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
+        self._inbox.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -159,7 +155,7 @@ class AsyncLLMEngine(RequestLifecycle):
             raise EngineShutdownError(f"the engine is dead after {name} (see the server log)")
         if self._draining:
             raise EngineShutdownError("the server is shutting down")
-        if self._stopping or self._thread is None or not self._thread.is_alive():
+        if self._inbox.stopping or self._thread is None or not self._thread.is_alive():
             raise EngineShutdownError("the engine is not running (shutting down)")
 
     async def run_text(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -205,28 +201,16 @@ class AsyncLLMEngine(RequestLifecycle):
             if not finished:
                 self._submit(AbortCommand(request_id, stream))
 
-    def _submit(self, command: AddCommand | AbortCommand) -> None:
-        with self._cv:
-            if self._stopping or self._dead is not None:
-                if isinstance(command, AddCommand):
-                    raise EngineShutdownError("the engine is shutting down")
-                return  # the loop fails and aborts everything on its way out
-            self._inbox.append(command)
-            self._cv.notify()
+    def _submit(self, command: Command) -> None:
+        self._inbox.submit(command, accepting=self._dead is None)
 
     # ---- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
-                with self._cv:
-                    while not (
-                        self._inbox or self._stopping or self.engine.has_unfinished_requests()
-                    ):
-                        self._cv.wait()
-                    if self._stopping:
-                        break
-                    commands = list(self._inbox)
-                    self._inbox.clear()
+                commands = self._inbox.wait_for_work(lambda: self.engine.has_unfinished_requests())
+                if commands is None:
+                    break
                 for command in commands:
                     self._apply(command)
                 if self.engine.has_unfinished_requests():
@@ -239,10 +223,7 @@ class AsyncLLMEngine(RequestLifecycle):
             logger.exception("the engine loop crashed")
             self._dead = exc
         finally:
-            with self._cv:
-                self._stopping = True
-                leftover = list(self._inbox)
-                self._inbox.clear()
+            leftover = self._inbox.stop_and_take_rest()
             why = f": {self._dead}" if self._dead is not None else ""
             stopped = EngineShutdownError(f"the engine stopped{why}")
             for command in leftover:
@@ -251,7 +232,7 @@ class AsyncLLMEngine(RequestLifecycle):
             self._fail_all(stopped)
             self._publish_snapshot()
 
-    def _apply(self, command: AddCommand | AbortCommand) -> None:
+    def _apply(self, command: Command) -> None:
         if isinstance(command, AbortCommand):
             owner = self._active.get(command.request_id)
             if owner is not None and command.stream in (None, owner):

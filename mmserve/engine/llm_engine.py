@@ -10,10 +10,8 @@ from typing import Any
 import torch
 
 from mmserve.config import EngineConfig
-from mmserve.core.encoder_cache import EncoderCacheManager
-from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.progress import ProgressMonitor
-from mmserve.core.scheduler import Scheduler
+from mmserve.engine.cache_setup import allocate_kv_cache, build_scheduler, size_caches
 from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.engine_metrics import read_engine_metrics
@@ -30,15 +28,13 @@ from mmserve.engine.loading import (
     torch_dtype,
 )
 from mmserve.engine.malloc_tuning import tune_malloc
-from mmserve.engine.memory_profile import num_kv_blocks
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.stall import default_stall_steps, stall_message
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
-from mmserve.layers.attention import PagedKVCache, select_attention_backend
-from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
+from mmserve.layers.attention import select_attention_backend
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import RequestStatus
@@ -64,7 +60,7 @@ class LLMEngine:
         says: True any, a directory below it)."""
         tune_malloc()  # opt-in: glibc keeps freed memory (MMSERVE_MALLOC_TUNING=1)
         self.config = config
-        mc, sc, cc = config.model, config.scheduler, config.cache
+        mc, sc = config.model, config.scheduler
         torch.manual_seed(config.seed)
         self.device = torch.device(device or config.device)
         self.tokenizer = load_tokenizer(mc.path)
@@ -94,41 +90,10 @@ class LLMEngine:
             probe = torch.zeros(1, mc.hidden_size, dtype=torch_dtype(mc.dtype), device=self.device)
             self.vocab_size = int(self.model.compute_logits(probe).shape[-1])
         self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
-        encoder_budget, _ = compute_encoder_budget(mc, sc)
-        capacity = encoder_cache_capacity(mc, sc, cc)
-        num_blocks = num_kv_blocks(
-            config, self.model, self.device, capacity, encoder_budget, self.processor
-        )
-        if mc.max_model_len > num_blocks * cc.block_size:
-            raise ValueError(
-                f"max_model_len={mc.max_model_len} is more than the KV cache holds"
-                f" ({num_blocks} blocks x {cc.block_size} = {num_blocks * cc.block_size} tokens):"
-                " lower max_model_len or raise num_kv_blocks / kv_cache_memory"
-            )
+        sizes = size_caches(config, self.model, self.device, self.processor)
         self.max_model_len = mc.max_model_len
-        self.kv_cache = PagedKVCache(
-            self.model.num_layers,
-            num_blocks,
-            cc.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            torch_dtype(mc.dtype),
-            self.device,
-        )
-        self.scheduler = Scheduler(
-            KVCacheManager(
-                num_blocks,
-                cc.block_size,
-                cc.enable_prefix_caching,
-                cc.prefix_caching_hash_algo,
-                cc.prefix_caching_seed,
-            ),
-            EncoderCacheManager(capacity, mc.bytes_per_embedding, cc.enable_encoder_cache),
-            max_num_batched_tokens=sc.max_num_batched_tokens,
-            max_num_seqs=sc.max_num_seqs,
-            encoder_compute_budget=encoder_budget,
-            disable_chunked_mm_input=sc.disable_chunked_mm_input,
-        )
+        self.kv_cache = allocate_kv_cache(config, self.model, self.device, sizes.num_kv_blocks)
+        self.scheduler = build_scheduler(config, sizes)
         backend = select_attention_backend(
             config.attention_backend,
             self.device,
