@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.reuse import Workload
+from mmserve.bench.reuse_workload import Workload
 from mmserve.bench.workloads import reuse_specs, warmup_specs
 
 CATEGORIES = {  # first match wins; cProfile function name -> category

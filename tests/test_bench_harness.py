@@ -9,7 +9,7 @@ import os
 import pytest
 
 from mmserve.bench import all as bench_all
-from mmserve.bench import harness
+from mmserve.bench import harness, priority, provenance
 from mmserve.bench.meter import Meter, group_cpu_s
 
 
@@ -19,19 +19,19 @@ def fake_proc(tmp_path, monkeypatch):
     enabled, group = tmp_path / "sched_autogroup_enabled", tmp_path / "autogroup"
     enabled.write_text("1\n")
     group.write_text("/autogroup-9 nice 0\n")
-    monkeypatch.setattr(harness, "AUTOGROUP_ENABLED", enabled)
-    monkeypatch.setattr(harness, "AUTOGROUP", group)
-    monkeypatch.setattr(harness, "_PRIORITY", {"requested": False})
+    monkeypatch.setattr(priority, "AUTOGROUP_ENABLED", enabled)
+    monkeypatch.setattr(priority, "AUTOGROUP", group)
+    monkeypatch.setattr(priority, "_PRIORITY", {"requested": False})
     calls = []
     monkeypatch.setattr(os, "setpriority", lambda *a: calls.append(a))
     restored = []
-    monkeypatch.setattr(harness.atexit, "register", lambda f, *a: restored.append((f, a)))
+    monkeypatch.setattr(priority.atexit, "register", lambda f, *a: restored.append((f, a)))
     return enabled, group, calls, restored
 
 
 def test_raise_priority_writes_the_autogroup_and_restores_it_at_exit(fake_proc):
     _, group, calls, restored = fake_proc
-    state = harness.raise_priority()
+    state = priority.raise_priority()
     assert state["raised"] and state["autogroup_nice"] == -20
     assert state["effective"] == "autogroup nice -20" and "reason" not in state
     assert group.read_text().strip() == "-20"
@@ -39,7 +39,7 @@ def test_raise_priority_writes_the_autogroup_and_restores_it_at_exit(fake_proc):
     ((func, fargs),) = restored
     func(*fargs)
     assert group.read_text().strip() == "0"
-    assert harness.raise_priority()["raised"]  # idempotent: no second attempt
+    assert priority.raise_priority()["raised"]  # idempotent: no second attempt
     assert len(calls) == 1
 
 
@@ -52,7 +52,7 @@ def test_raise_priority_says_why_it_could_not(fake_proc, monkeypatch):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "setpriority", refuse)
-    state = harness.raise_priority()
+    state = priority.raise_priority()
     assert not state["raised"]
     assert state["reason"].startswith("could not raise: autogroup:")
     assert "process nice: Operation not permitted" in state["reason"]
@@ -61,7 +61,7 @@ def test_raise_priority_says_why_it_could_not(fake_proc, monkeypatch):
 def test_without_autogroups_the_process_nice_counts(fake_proc):
     enabled, _, calls, _ = fake_proc
     enabled.write_text("0\n")
-    state = harness.raise_priority()
+    state = priority.raise_priority()
     assert state["raised"] and calls and state["effective"].startswith("process nice")
     assert "sched_autogroup_enabled=0" in state["notes"][0]
 
@@ -70,9 +70,9 @@ def test_no_raise_priority_flag_leaves_it(fake_proc, capsys):
     import argparse
 
     parser = argparse.ArgumentParser()
-    harness.add_priority_arg(parser)
+    priority.add_priority_arg(parser)
     args = parser.parse_args(["--no-raise-priority"])
-    state = harness.apply_priority(args)
+    state = priority.apply_priority(args)
     assert not state["requested"] and fake_proc[1].read_text().startswith("/autogroup-9")
     assert "scheduling priority: autogroup nice 0" in capsys.readouterr().out
 
@@ -112,9 +112,9 @@ def test_meter_counts_this_process_and_not_as_others():
 
 
 def test_versions_and_threads_are_recorded():
-    versions = harness.engine_versions()
+    versions = provenance.engine_versions()
     assert versions["torch"] and "mmserve_commit" in versions
-    assert harness.threads_info(2)["threads"] == 2
+    assert provenance.threads_info(2)["threads"] == 2
 
 
 def _reuse_json(path, engines, rps, zipf=False):

@@ -10,6 +10,7 @@ import httpx
 from mmserve.bench import all as bench_all
 from mmserve.bench import floor, multiturn, probe, reuse, serve
 from mmserve.bench.cli import add_bench_parser
+from mmserve.bench.serve_client import parse_sse_line
 from mmserve.bench.workloads import percentile, reuse_specs, zipf_specs
 
 MODEL = ["--model", "tiny-llava", "--resolution", "480p", "--threads", "2", "--no-raise-priority"]
@@ -233,9 +234,9 @@ def test_serve_launch_starts_and_stops_the_server(tmp_path):
 
 
 def test_sse_parsing_and_helpers():
-    assert serve.parse_sse_line("data: [DONE]") is None
-    assert serve.parse_sse_line(": keep-alive") is None
-    assert serve.parse_sse_line('data: {"x": 1}') == {"x": 1}
+    assert parse_sse_line("data: [DONE]") is None
+    assert parse_sse_line(": keep-alive") is None
+    assert parse_sse_line('data: {"x": 1}') == {"x": 1}
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and percentile([1.0, 2.0], 99) == 2.0
     specs = zipf_specs(200, 10, seed=0)
     counts = [sum(s.image == k for s in specs) for k in range(10)]

@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.all_tables import ADVERSARIAL, LLAVA, QWEN, render_tables, reuse_files
-from mmserve.bench.harness import (
-    add_contention_args,
-    add_priority_arg,
-    apply_priority,
-    engine_versions,
-)
+from mmserve.bench.all_tables import ADVERSARIAL, LLAVA, QWEN, render_tables
+from mmserve.bench.harness import add_contention_args
+from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.provenance import engine_versions
+from mmserve.bench.result_files import reuse_files
 
 ROOT = Path(__file__).resolve().parents[2]
 

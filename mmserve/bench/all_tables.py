@@ -8,43 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mmserve.bench.issue_targets import targets_table
+from mmserve.bench.result_files import load_result, reuse_files
+from mmserve.bench.table_cells import ENGINE_LABELS, rounds_cell, spread_cell
+
 LLAVA, QWEN = "tiny-llava-small", "tiny-qwen2-vl-small"
 ADVERSARIAL = Path(__file__).resolve().parents[2] / "benchmarks" / "adversarial_load.py"
-
-
-def _load(out: Path, name: str) -> dict[str, Any] | None:
-    path = out / name
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _rounds(rows: list[dict[str, Any]]) -> str:
-    """'fewest uncontended rounds of any engine / rounds', '–' for results without them."""
-    pairs = [
-        (r["uncontended_rounds"], r["rounds"])
-        for r in rows
-        if isinstance(r.get("uncontended_rounds"), int) and isinstance(r.get("rounds"), int)
-    ]
-    return f"{min(p[0] for p in pairs)} / {pairs[0][1]}" if pairs else "–"
-
-
-def _cell(row: dict[str, Any] | None, key: str, digits: int = 3) -> str:
-    """'median (min-max)' with ``digits`` significant digits; '–' when missing."""
-    if not row or not isinstance(row.get(key), (int, float)):
-        return "–"
-    med, lo, hi = row[key], row.get(f"{key}_min"), row.get(f"{key}_max")
-    text = f"{med:.{digits}g}"
-    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and hi > lo:
-        text += f" ({lo:.{digits}g}-{hi:.{digits}g})"
-    return text
-
-
-ENGINE_LABELS = {
-    "mmserve": "mmserve",
-    "mmserve-prefix-off": "prefix-off",
-    "mmserve-nocache": "nocache",
-    "transformers": "transformers",
-    "vllm": "vLLM",
-}
 
 
 def multiturn_table(data: dict[str, Any]) -> str:
@@ -57,7 +26,7 @@ def multiturn_table(data: dict[str, Any]) -> str:
     head += ["images encoded (mmserve / nocache)", "cached tokens (mmserve)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in shown:
-        cells = [str(t), *(_cell(by.get((e, t)), "ttft_s") for e in engines)]
+        cells = [str(t), *(spread_cell(by.get((e, t)), "ttft_s") for e in engines)]
         on, off = by.get(("mmserve", t)), by.get(("mmserve-nocache", t))
         enc = f"{on.get('images_encoded', '–') if on else '–'} / "
         enc += f"{off.get('images_encoded', '–') if off else '–'}"
@@ -80,26 +49,14 @@ def multiturn_table(data: dict[str, Any]) -> str:
         f"Turn {last} TTFT ratios: "
         + "; ".join(notes)
         + "; uncontended rounds: "
-        + _rounds([r for r in rows if r["turn"] == last])
+        + rounds_cell([r for r in rows if r["turn"] == last])
         + "."
     )
     return "\n".join(lines)
 
 
-def reuse_files(model: str) -> list[tuple[str, str]]:
-    """(row label, JSON file name) of the reuse sections, as ``bench reuse`` names them."""
-    m = Path(model).name
-    return [
-        ("0 % reuse", f"reuse_{m}_0pct_grouped_all.json"),
-        ("30 % grouped", f"reuse_{m}_30pct_grouped_all.json"),
-        ("30 % shuffled", f"reuse_{m}_30pct_shuffled_all.json"),
-        ("zipf D=32, all at once", f"reuse_{m}_zipf_D32_all.json"),
-        ("zipf D=32, sequential", f"reuse_{m}_zipf_D32_sequential.json"),
-    ]
-
-
 def reuse_table(out: Path, model: str) -> str:
-    loaded = [(label, _load(out, name)) for label, name in reuse_files(model)]
+    loaded = [(label, load_result(out, name)) for label, name in reuse_files(model)]
     engines = ["mmserve", "mmserve-prefix-off", "mmserve-nocache", "transformers", "vllm"]
     head = ["workload", *(ENGINE_LABELS[e] for e in engines)]
     head += ["prefix hit rate", "encoder hit rate", "uncontended rounds"]
@@ -117,10 +74,10 @@ def reuse_table(out: Path, model: str) -> str:
                 cells.append("–")
                 continue
             ratio = row["req_per_s"] / base["req_per_s"] if base else None
-            cells.append(_cell(row, "req_per_s") + (f" [{ratio:.2f}]" if ratio else ""))
+            cells.append(spread_cell(row, "req_per_s") + (f" [{ratio:.2f}]" if ratio else ""))
         cells.append(f"{base['prefix_hit_rate']:.3g}" if base else "–")
         cells.append(f"{base['encoder_hit_rate']:.3g}" if base else "–")
-        cells.append(_rounds(data["rows"]))
+        cells.append(rounds_cell(data["rows"]))
         lines.append("| " + " | ".join(cells) + " |")
         if "zipf" in label:
             ratios = [
@@ -191,13 +148,13 @@ def serve_table(data: dict[str, Any]) -> str:
                 [
                     str(r["concurrency"]),
                     ENGINE_LABELS.get(r["server"], r["server"]),
-                    _cell(r, "req_per_s"),
+                    spread_cell(r, "req_per_s"),
                     f"{r['throughput_ratio']:.2f}",
-                    _cell(r, "ttft_p50_s"),
-                    _cell(r, "ttft_p99_s"),
-                    _cell(r, "itl_p50_s"),
+                    spread_cell(r, "ttft_p50_s"),
+                    spread_cell(r, "ttft_p99_s"),
+                    spread_cell(r, "itl_p50_s"),
                     str(r["failed"]),
-                    _rounds([r]),
+                    rounds_cell([r]),
                 ]
             )
             + " |"
@@ -205,66 +162,8 @@ def serve_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def targets_table(out: Path, llava: str, qwen: str) -> str:
-    """Issue 14's targets, as ratios measured in this run."""
-
-    def reuse_ratio(name: str) -> float | None:
-        data = _load(out, name)
-        if data is None:
-            return None
-        by = {r["engine"]: r for r in data["rows"]}
-        if "mmserve" in by and "vllm" in by:
-            return by["mmserve"]["req_per_s"] / by["vllm"]["req_per_s"]
-        return None
-
-    def turn_ratio(model: str) -> float | None:
-        files = sorted(out.glob(f"multiturn_{Path(model).name}_*.json"))
-        if not files:
-            return None
-        rows = json.loads(files[0].read_text())["rows"]
-        last = max(r["turn"] for r in rows)
-        by = {r["engine"]: r for r in rows if r["turn"] == last}
-        if "mmserve" in by and "vllm" in by:
-            return by["mmserve"]["ttft_s"] / by["vllm"]["ttft_s"]
-        return None
-
-    def floor_ratio() -> float | None:
-        data = _load(out, f"floor_{Path(llava).name}.json")
-        rows = {r["engine"]: r for r in (data or {}).get("rows", [])}
-        return rows["mmserve"]["time_over_floor"] if "mmserve" in rows else None
-
-    def serve_ratio(concurrency: int) -> float | None:
-        files = sorted(out.glob("serve_launch_*.json"))
-        if not files:
-            return None
-        rows = json.loads(files[0].read_text())["rows"]
-        by = {r["server"]: r for r in rows if r["concurrency"] == concurrency}
-        if "mmserve" in by and "vllm" in by:
-            return by["mmserve"]["req_per_s"] / by["vllm"]["req_per_s"]
-        return None
-
-    files = reuse_files(llava)
-    checks = [
-        ("reuse 0 %: mmserve / vLLM req/s", reuse_ratio(files[0][1]), ">=", 1.10),
-        ("30 % grouped: mmserve / vLLM req/s", reuse_ratio(files[1][1]), ">=", 1.25),
-        ("Zipf D=32: mmserve / vLLM req/s", reuse_ratio(files[3][1]), ">=", 1.35),
-        ("Qwen2-VL last-turn TTFT: mmserve / vLLM", turn_ratio(qwen), "<=", 0.85),
-        ("LLaVA last-turn TTFT: mmserve / vLLM", turn_ratio(llava), "<", 1.0),
-        ("serve c32, 30 % reuse: mmserve / vLLM req/s", serve_ratio(32), ">=", 1.4),
-        ("reuse 0 %: mmserve time / FLOP floor", floor_ratio(), "<=", 1.6),
-    ]
-    lines = ["| target | measured | goal | |", "|---|---|---|---|"]
-    for label, value, op, goal in checks:
-        if value is None:
-            lines.append(f"| {label} | not measured | {op} {goal} | |")
-            continue
-        met = {">=": value >= goal, "<=": value <= goal, "<": value < goal}[op]
-        lines.append(f"| {label} | {value:.2f} | {op} {goal} | {'met' if met else 'missed'} |")
-    return "\n".join(lines)
-
-
 def adversarial_table(out: Path) -> str | None:
-    data = _load(out, "adversarial_load.json")
+    data = load_result(out, "adversarial_load.json")
     if data is None or not ADVERSARIAL.exists():
         return None
     spec = importlib.util.spec_from_file_location("adversarial_load", ADVERSARIAL)
@@ -278,7 +177,7 @@ def adversarial_table(out: Path) -> str | None:
 def render_tables(out: Path) -> str:
     """The README's result tables from the JSON files under ``out`` (missing ones skipped)."""
     parts: list[str] = []
-    run = _load(out, "all.json") or {}
+    run = load_result(out, "all.json") or {}
     llava = run.get("args", {}).get("model", LLAVA)
     qwen = run.get("args", {}).get("qwen_model", QWEN)
     env = run.get("env", {})
@@ -300,14 +199,14 @@ def render_tables(out: Path) -> str:
                 f"### multiturn, {args['turns']} turns, {args['resolution']}, {model} "
                 f"({title}; TTFT seconds)\n\n{multiturn_table(data)}"
             )
-    reuse = [d for _, name in reuse_files(llava) if (d := _load(out, name))]
+    reuse = [d for _, name in reuse_files(llava) if (d := load_result(out, name))]
     if reuse:
         args = reuse[0]["args"]
         parts.append(
             f"### reuse, {args['requests']} requests, {args['resolution']}, {llava} "
             f"(requests/s)\n\n{reuse_table(out, llava)}"
         )
-    floor = _load(out, f"floor_{Path(llava).name}.json")
+    floor = load_result(out, f"floor_{Path(llava).name}.json")
     if floor:
         parts.append(f"### FLOP floor (reuse 0 %)\n\n{floor_lines(floor)}")
     probes = probe_lines(out, (llava, qwen))

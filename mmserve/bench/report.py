@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
+from mmserve.bench.priority import priority_state
+
 
 def environment() -> dict[str, Any]:
     """Where and how a result was measured (numbers on a shared 2-core box are noisy: the load
     average and each run's ``others_cores`` say how noisy), with the scheduling priority
-    obtained (``harness.raise_priority``)."""
-    from mmserve.bench.harness import priority_state
-
+    obtained (``priority.raise_priority``)."""
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "python": platform.python_version(),

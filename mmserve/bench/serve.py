@@ -17,174 +17,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from typing import Any
 
 import httpx
-from tqdm import tqdm
 
-from mmserve.bench.harness import (
-    add_contention_args,
-    add_priority_arg,
-    apply_priority,
-)
-from mmserve.bench.images import RESOLUTIONS, png_data_url
-from mmserve.bench.meter import Meter
+from mmserve.bench.harness import add_contention_args
+from mmserve.bench.images import RESOLUTIONS
+from mmserve.bench.priority import add_priority_arg, apply_priority
 from mmserve.bench.report import markdown_table, plot_lines, save
+from mmserve.bench.serve_client import run_client
 from mmserve.bench.workloads import (
     Spec,
     latency_summary,
     reuse_specs,
     zipf_specs,
 )
-
-
-def parse_sse_line(line: str) -> dict[str, Any] | None:
-    """One SSE line -> the chunk object; None for blank / comment / non-data lines and [DONE]."""
-    if not line.startswith("data:"):
-        return None
-    data = line[len("data:") :].strip()
-    if not data or data == "[DONE]":
-        return None
-    return json.loads(data)
-
-
-async def stream_chat(
-    client: httpx.AsyncClient, body: dict[str, Any], clock: Any = time.perf_counter
-) -> dict[str, Any]:
-    """POST /chat/completions with ``stream: true``; TTFT = first non-empty content delta,
-    ITL = gaps between later content deltas."""
-    start = clock()
-    stamps: list[float] = []
-    text: list[str] = []
-    usage: dict[str, Any] = {}
-    error = None
-    try:
-        async with client.stream("POST", "/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-            else:
-                async for line in resp.aiter_lines():
-                    chunk = parse_sse_line(line)
-                    if chunk is None:
-                        continue
-                    if chunk.get("error"):
-                        error = str(chunk["error"])
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
-                        if piece:
-                            stamps.append(clock())
-                            text.append(piece)
-    except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    end = clock()
-    return {
-        "ttft_s": stamps[0] - start if stamps else None,
-        "itl_s": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
-        "latency_s": end - start,
-        "text": "".join(text),
-        "completion_tokens": usage.get("completion_tokens", len(stamps)),
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "error": error,
-    }
-
-
-async def run_client(
-    specs: list[Spec],
-    args: argparse.Namespace,
-    transport: httpx.AsyncBaseTransport | None = None,
-    meter_out: dict[str, Any] | None = None,
-    server_pgid: int | None = None,
-) -> tuple[list[dict[str, Any]], float, dict[str, float]]:
-    """Send ``specs`` with at most ``args.concurrency`` in flight; stop launching new requests
-    after ``args.duration`` seconds. Returns (per-request results, wall seconds, cache rates
-    from the server's /metrics when it exports mmserve's counters)."""
-    urls = {s.image_seed: png_data_url(s.image_seed, args.resolution) for s in specs}
-    timeout = httpx.Timeout(args.request_timeout)
-    limits = httpx.Limits(max_connections=args.concurrency)
-    async with httpx.AsyncClient(
-        base_url=args.base_url, timeout=timeout, limits=limits, transport=transport
-    ) as client:
-        model = args.served_model or await served_model(client)
-        before = await scrape_metrics(client, args.base_url)
-        queue = list(specs)
-        results: list[dict[str, Any]] = []
-        bar = tqdm(total=len(specs), desc="requests")
-        meter = Meter(server_pgid)
-        t0 = time.perf_counter()
-
-        async def worker() -> None:
-            while queue and time.perf_counter() - t0 < args.duration:
-                spec = queue.pop(0)
-                part = {"type": "image_url", "image_url": {"url": urls[spec.image_seed]}}
-                body = {
-                    "model": model,
-                    "messages": spec.messages(part),
-                    "stream": True,
-                    "max_tokens": args.max_tokens,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "stream_options": {"include_usage": True},
-                }
-                results.append({"index": spec.index, **await stream_chat(client, body)})
-                bar.update(1)
-
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-        wall = time.perf_counter() - t0
-        if meter_out is not None:
-            meter_out.update(meter.stop())
-        bar.close()
-        rates = cache_rates(before, await scrape_metrics(client, args.base_url))
-    return results, wall, rates
-
-
-async def served_model(client: httpx.AsyncClient) -> str:
-    """The first model id of GET /models ("default" if the server does not list any)."""
-    try:
-        resp = await client.get("/models")
-        return resp.json()["data"][0]["id"]
-    except (httpx.HTTPError, KeyError, IndexError, ValueError):
-        return "default"
-
-
-async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
-    """Prometheus counters at ``<server root>/metrics`` (empty if the server has none)."""
-    root = base_url.rstrip("/").removesuffix("/v1")
-    try:
-        resp = await client.get(root + "/metrics")
-    except httpx.HTTPError:
-        return {}
-    if resp.status_code != 200:
-        return {}
-    values = {}
-    for line in resp.text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and not line.startswith("#"):
-            try:
-                values[parts[0]] = float(parts[1])
-            except ValueError:
-                pass
-    return values
-
-
-def cache_rates(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Prefix / encoder hit rates and images encoded over the run (mmserve's counters)."""
-
-    def d(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
-    if "mmserve_prefix_cache_queries_total" not in after:
-        return {}
-    lookups = d("mmserve_encoder_cache_hits_total") + d("mmserve_encoder_cache_misses_total")
-    return {
-        "prefix_hit_rate": d("mmserve_prefix_cache_hits_total")
-        / max(d("mmserve_prefix_cache_queries_total"), 1),
-        "encoder_hit_rate": d("mmserve_encoder_cache_hits_total") / max(lookups, 1),
-        "images_encoded": d("mmserve_encoder_images_encoded_total"),
-    }
 
 
 def summarize(results: list[dict[str, Any]], wall: float, concurrency: int) -> dict[str, Any]:

@@ -13,20 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from mmserve.bench.harness import (
-    apply_priority,
     contention_summary,
-    engine_versions,
     fmt_spread,
     interleaved,
     is_contended,
     spread,
-    threads_info,
     uncontended,
     with_spread,
 )
+from mmserve.bench.priority import apply_priority
+from mmserve.bench.provenance import engine_versions, threads_info
 from mmserve.bench.report import markdown_table, save
 from mmserve.bench.runners import processor_kwargs_for
-from mmserve.bench.serve import run_client, summarize, workload_kind, workload_specs
+from mmserve.bench.serve import summarize, workload_kind, workload_specs
+from mmserve.bench.serve_client import run_client
 from mmserve.bench.servers import ENGINES, start_server, vllm_checkpoint
 from mmserve.bench.workloads import WARMUP_RUN, warmup_specs
 

@@ -9,7 +9,7 @@
 
 Both get the same ``OMP_NUM_THREADS``. A server runs in its own process group (so stopping it
 stops its helper processes too) but in this session, hence in this process's autogroup: the
-priority ``harness.raise_priority`` obtained applies to it.
+priority ``priority.raise_priority`` obtained applies to it.
 """
 
 from __future__ import annotations

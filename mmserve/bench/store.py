@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.harness import add_priority_arg, apply_priority, spread
+from mmserve.bench.harness import spread
 from mmserve.bench.images import synthetic_image
+from mmserve.bench.priority import add_priority_arg, apply_priority
 from mmserve.bench.report import markdown_table, save
 from mmserve.store.codec import StoreCodec
 from mmserve.store.disk import DiskTier
