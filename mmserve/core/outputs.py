@@ -6,9 +6,13 @@ Plain dataclasses, no tensors: pixel data travels as an opaque object the worker
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mmserve.inputs import MultiModalItem
 from mmserve.sampling_params import SamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    from mmserve.request import Request
 
 
 @dataclass
@@ -22,6 +26,19 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     num_prompt_tokens: int | None = None  # None: every token is prompt
+
+    @classmethod
+    def of(cls, request: Request, block_ids: list[int]) -> NewRequestData:
+        """Everything the worker needs to run ``request`` from its computed position."""
+        return cls(
+            req_id=request.req_id,
+            token_ids=list(request.all_token_ids),
+            mm_items=request.mm_items,
+            sampling_params=request.sampling_params,
+            block_ids=block_ids,
+            num_computed_tokens=request.num_computed_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )
 
 
 @dataclass

@@ -1,4 +1,22 @@
-"""Liveness safety net: notice steps in which no request got closer to finishing."""
+"""Liveness: why every admitted request finishes, and the safety net should a bug break it.
+
+Progress guarantee (``Scheduler``): if every item fits the encoder cache and the per-step
+encoder budget, ``max_model_len`` fits the KV cache and every prompt is shorter than
+``max_model_len`` (the engine validates all three), every admitted request finishes.
+Argument: the oldest running request H is scheduled first with the whole token and encoder
+budget. KV: H preempts newer requests until its blocks fit, and it fits alone. Encoder: the
+entries H can find occupied are held only by occurrences in progress, which need no new
+encoder work and finish within a bounded number of steps; once H is refused cache space, no
+later request of that step may take any (``StepBudget.encoder_space_reserved``), so those
+occurrences drain and H gets the space. Hence H gains >= 1 token within bounded steps,
+finishes, and the next oldest becomes H; waiting requests are admitted FCFS as running ones
+finish. Encoder-store lookups never hold a request back: they end (hit, miss or deadline)
+before it reaches the scheduler, and a load needs only the cache space an encode of the same
+item would. A child of an ``n > 1`` request that waits for its leader's prefill
+(``Request.waits_for_leader``) holds the queue only while the leader, which is ahead of it,
+runs. ``ProgressMonitor`` notices steps in which no request got closer to finishing; it is
+the safety net should a bug break this, and fails the stuck request only.
+"""
 
 from __future__ import annotations
 

@@ -7,14 +7,12 @@ from collections.abc import Iterator
 
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.encoder_scheduling import (
-    EncoderCommit,
     EncoderPlan,
     commit_encoder_plan,
     drop_reached_stored,
     note_prefix_hits,
     plan_encoder_inputs,
     release_finished_occurrences,
-    undo_encoder_commit,
 )
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.outputs import (
@@ -23,6 +21,7 @@ from mmserve.core.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.core.step_budget import StepBudget
 from mmserve.core.step_journal import RequestCommit, StepJournal
 from mmserve.core.worker_view import WorkerView
 from mmserve.request import Request, RequestStatus
@@ -44,9 +43,9 @@ class Scheduler:
       ``running`` (admission order); ``len(running) <= max_num_seqs``;
     - per step: scheduled tokens <= max_num_batched_tokens, every scheduled count is >= 1 (a
       request that cannot progress is left out, never given 0 or a negative count), encoder
-      work <= the encoder compute budget, and an item key is encoded or loaded at most once (a
-      load, an item the encoder store returned at admission, takes cache space but no
-      encoder budget);
+      work <= the encoder compute budget (``StepBudget``), and an item key is encoded or
+      loaded at most once (a load, an item the encoder store returned at admission, takes
+      cache space but no encoder budget);
     - a request holds an item's store embedding (``MultiModalItem.stored``, a host tensor)
       only until a step that ran reached the item; an entry it needs again after an eviction
       (preemption, a later occurrence of the image) is encoded, never loaded twice;
@@ -60,21 +59,8 @@ class Scheduler:
       planned; ``rollback_step`` undoes a scheduled step the worker failed to run;
     - when no request is live, every KV block and every encoder-cache reference is free.
 
-    Progress guarantee: if every item fits the encoder cache and the per-step encoder budget,
-    ``max_model_len`` fits the KV cache and every prompt is shorter than ``max_model_len`` (the
-    engine validates all three), every admitted request finishes. Argument: the oldest running
-    request H is scheduled first with the whole token and encoder budget. KV: H preempts newer
-    requests until its blocks fit, and it fits alone. Encoder: the entries H can find occupied
-    are held only by occurrences in progress, which need no new encoder work and finish within
-    a bounded number of steps; once H is refused cache space, no later request of that step
-    may take any (``EncoderPlan.blocked_on_space``), so those occurrences drain and H gets the
-    space. Hence H gains >= 1 token within bounded steps, finishes, and the next oldest becomes
-    H; waiting requests are admitted FCFS as running ones finish. Encoder-store lookups never
-    hold a request back: they end (hit, miss or deadline) before it reaches the scheduler, and
-    a load needs only the cache space an encode of the same item would. A child of an
-    ``n > 1`` request that waits for its leader's prefill (``Request.waits_for_leader``) holds
-    the queue only while the leader, which is ahead of it, runs. ``ProgressMonitor`` is the
-    safety net should a bug break this: it fails the stuck request only.
+    Progress: given the engine's admission checks, every admitted request finishes; the
+    argument, and the safety net should a bug break it, are in ``core/progress.py``.
     """
 
     def __init__(
@@ -98,7 +84,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.worker = WorkerView()
         self._journal = StepJournal()
-        self._space_reserved = False
+        self._budget = StepBudget(max_num_batched_tokens, encoder_compute_budget)
         self.counters: Counter[str] = Counter()
 
     # ---- request lifecycle -------------------------------------------------------------
@@ -127,7 +113,6 @@ class Scheduler:
     def _release_resources(self, request: Request) -> None:
         self.kv.free(request)
         self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
-        self.worker.ended(request.req_id)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status == RequestStatus.RUNNING:
@@ -135,14 +120,13 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._release_resources(request)
+        self.worker.ended(request.req_id)
         request.status = status
         del self.requests[request.req_id]
 
     def _preempt(self, request: Request) -> None:
-        journal = self._journal  # its state is final: a rollback must not restore it
-        journal.commits = [entry for entry in journal.commits if entry.request is not request]
-        self.kv.free(request)
-        self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
+        self._journal.forget(request)
+        self._release_resources(request)
         self.worker.preempted(request.req_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -154,14 +138,9 @@ class Scheduler:
         """Plan and commit one step. ``only``: consider just these request ids and preempt
         nobody (the engine's retry of a failed step's requests in parts)."""
         self.kv.begin_step()
-        self._journal = StepJournal(
-            counters=dict(self.counters),
-            prefix_counters=(self.kv.prefix_cache_queries, self.kv.prefix_cache_hits),
-        )
+        self._journal = StepJournal.begin(self.counters, self.kv)
         out = SchedulerOutput()
-        self._token_budget = self.max_num_batched_tokens
-        self._encoder_budget = self.encoder_compute_budget
-        self._space_reserved = False
+        self._budget = StepBudget(self.max_num_batched_tokens, self.encoder_compute_budget)
         try:
             preempted = self._schedule_running(out, only)
             if not preempted:
@@ -177,26 +156,26 @@ class Scheduler:
         return out
 
     def _plan(self, request: Request) -> EncoderPlan:
-        num_new = min(request.num_tokens - request.num_computed_tokens, self._token_budget)
+        num_new = min(request.num_tokens - request.num_computed_tokens, self._budget.tokens)
         return plan_encoder_inputs(
             request,
             num_new,
             self.encoder_cache,
-            self._encoder_budget,
+            self._budget.encoder_embeddings,
             self.disable_chunked_mm_input,
-            may_take_space=not self._space_reserved,
+            may_take_space=not self._budget.encoder_space_reserved,
         )
 
     def _schedule_running(self, out: SchedulerOutput, only: set[str] | None) -> bool:
         preempted = False
         idx = 0
-        while idx < len(self.running) and self._token_budget > 0:
+        while idx < len(self.running) and self._budget.tokens > 0:
             request = self.running[idx]
             idx += 1
             if only is not None and request.req_id not in only:
                 continue
             self._journal.current = request
-            entry = self._journal_entry(request)
+            entry = self._journal.record(request, self.kv)
             plan = self._plan(request)
             new_block_ids = None
             while plan.num_new_tokens > 0:
@@ -209,23 +188,23 @@ class Scheduler:
                 if victim is request:
                     return preempted
                 plan = self._plan(request)  # the victim's release may have evicted a planned hit
-            self._space_reserved |= plan.blocked_on_space
+            self._budget.note_refusal(plan)
             if new_block_ids is not None:
                 self._commit(entry, plan, new_block_ids, out)
         return preempted
 
     def _schedule_waiting(self, out: SchedulerOutput, only: set[str] | None) -> None:
         for request in self._waiting_candidates(only):
-            if self._token_budget <= 0 or len(self.running) >= self.max_num_seqs:
+            if self._budget.tokens <= 0 or len(self.running) >= self.max_num_seqs:
                 return
             if request.waits_for_leader:  # FCFS: its leader is ahead and progressing
                 return
             self._journal.current = request
-            entry = self._journal_entry(request)
+            entry = self._journal.record(request, self.kv)
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             request.num_computed_tokens = num_hit
             plan = self._plan(request)
-            self._space_reserved |= plan.blocked_on_space
+            self._budget.note_refusal(plan)
             new_block_ids = None
             if plan.num_new_tokens > 0:
                 new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
@@ -251,19 +230,6 @@ class Scheduler:
         while self.waiting:
             yield self.waiting[0]
 
-    def _journal_entry(self, request: Request) -> RequestCommit:
-        entry = RequestCommit(
-            request,
-            EncoderCommit(),
-            False,
-            request.status,
-            request.num_computed_tokens,
-            request.num_cached_tokens,
-            self.kv.num_blocks_of(request.req_id),
-        )
-        self._journal.commits.append(entry)
-        return entry
-
     def _commit(
         self,
         entry: RequestCommit,
@@ -276,7 +242,7 @@ class Scheduler:
         self.counters["encoder_cache_hits"] += entry.encoder.hits
         self.counters["encoder_embeddings_from_cache"] += entry.encoder.embeddings_saved
         self.counters["encoder_cache_misses"] += len(plan.to_encode)
-        self._encoder_budget -= plan.num_embeddings_to_encode
+        self._budget.charge(plan)
         if plan.to_encode:
             out.scheduled_encoder_inputs[request.req_id] = plan.to_encode
         if plan.to_load:
@@ -289,39 +255,15 @@ class Scheduler:
         else:
             entry.told_worker = True
             entry.was_parked = self.worker.send(request.req_id)
-            out.new_requests.append(
-                NewRequestData(
-                    req_id=request.req_id,
-                    token_ids=list(request.all_token_ids),
-                    mm_items=request.mm_items,
-                    sampling_params=request.sampling_params,
-                    block_ids=self.kv.block_ids(request.req_id),
-                    num_computed_tokens=request.num_computed_tokens,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                )
-            )
+            block_ids = self.kv.block_ids(request.req_id)
+            out.new_requests.append(NewRequestData.of(request, block_ids))
         out.num_scheduled_tokens[request.req_id] = plan.num_new_tokens
         request.num_computed_tokens += plan.num_new_tokens
-        self._token_budget -= plan.num_new_tokens
 
     def _undo(self) -> None:
         """Restore what the last ``schedule()`` committed (see ``StepJournal``)."""
-        journal = self._journal
-        self.kv.rollback_step()
-        for entry in reversed(journal.commits):
-            request = entry.request
-            undo_encoder_commit(request, entry.encoder, self.encoder_cache)
-            self.kv.truncate(request, entry.prev_num_blocks)
-            request.num_computed_tokens = entry.prev_num_computed_tokens
-            request.num_cached_tokens = entry.prev_num_cached_tokens
-            if entry.admitted:
-                self.running.remove(request)
-                request.status = entry.prev_status
-                self.waiting.insert(entry.waiting_index, request)
-            if entry.told_worker:
-                self.worker.unsend(request.req_id, entry.was_parked)
-        self.counters = Counter(journal.counters)
-        self.kv.prefix_cache_queries, self.kv.prefix_cache_hits = journal.prefix_counters
+        self._journal.undo(self.kv, self.encoder_cache, self.worker, self.running, self.waiting)
+        self.counters = Counter(self._journal.counters)
         self._journal = StepJournal()
 
     def rollback_step(self, sched: SchedulerOutput) -> None:

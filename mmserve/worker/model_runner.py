@@ -3,53 +3,22 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from mmserve.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
-from mmserve.inputs import MultiModalItem
-from mmserve.layers.attention import AttentionMetadata, PagedKVCache
+from mmserve.layers.attention import PagedKVCache
 from mmserve.models.interface import DeepstackInputs, VisionLanguageModel
-from mmserve.sampling_params import SamplingParams, TokenLogprobs
+from mmserve.sampling_params import TokenLogprobs
 from mmserve.worker.encoder_runner import EncoderRunner
+from mmserve.worker.flat_batch import FlatBatchBuilder
 from mmserve.worker.grammar_mask import GrammarMask, new_matcher
 from mmserve.worker.logits_processors import TokenHistory
+from mmserve.worker.request_state import RequestState
 from mmserve.worker.sampler import compute_logprobs, sample
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions per logits matrix (bounds its memory)
-
-if TYPE_CHECKING:
-    from mmserve.layers.mrope import MRopePositions
-
-
-@dataclass
-class RequestState:
-    token_ids: list[int]
-    # the scheduler's ``Request.mm_items`` itself: it drops their ``stored`` tensors in place
-    mm_items: list[MultiModalItem]
-    params: SamplingParams
-    block_table: torch.Tensor  # [num_blocks] long, extended as blocks are added
-    num_computed_tokens: int
-    generator: torch.Generator | None
-    # M-RoPE models only: [3, n] positions of the tokens known at admission + decode offset.
-    mrope: MRopePositions | None = None
-    num_prompt_tokens: int = 0
-    matcher: Any = None  # xgrammar matcher of a request with structured outputs
-
-
-@dataclass
-class FlatBatch:
-    token_ids: torch.Tensor
-    positions: torch.Tensor  # [T], or [3, T] for M-RoPE models
-    meta: AttentionMetadata
-    mm_dst: torch.Tensor  # flat indices whose embedding comes from an image
-    mm_src: list[torch.Tensor]  # image embedding slices, in mm_dst order
-    sample_idx: torch.Tensor
-    sample_req_ids: list[str]
-    # (req_id, flat row, first position, count): rows whose logits give prompt logprobs
-    prompt_rows: list[tuple[str, int, int, int]]
 
 
 class ModelRunner:
@@ -61,13 +30,8 @@ class ModelRunner:
     Image embeddings of the scheduled tokens are spliced into the input embeddings; a model with
     DeepStack layers gets the rest of those rows (its DeepStack features) as ``DeepstackInputs``.
 
-    Positions are token indices, except for models with ``uses_mrope``: their
-    ``mrope_positions(num_tokens, mm_items)`` is computed once when the worker (re)sees a request
-    and each chunk or decode step takes a slice of it (``MRopePositions.slice``).
-
-    Attention metadata is built once per step for every layer: block tables, query_start_loc
-    and seq_lens (what the CPU kernel reads, ``attention_backend == "cpu-kernel"``); the torch
-    fallback derives its gather plan from them on first use.
+    Models with ``uses_mrope`` get their ``mrope_positions(num_tokens, mm_items)`` computed
+    once when the worker (re)sees a request; ``FlatBatchBuilder`` slices it for each step.
     """
 
     def __init__(
@@ -81,7 +45,6 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        self.block_size = kv_cache.block_size
         self.device = device
         self.encoder = EncoderRunner(model, device)
         self.states: dict[str, RequestState] = {}
@@ -89,8 +52,14 @@ class ModelRunner:
         self._parked_generators: dict[str, torch.Generator] = {}
         self.uses_mrope = model.uses_mrope
         self.deepstack = model.deepstack_layers > 0
-        self.bidirectional_images = model.image_attention == "bidirectional"
-        self.attention_backend = attention_backend
+        self.batches = FlatBatchBuilder(
+            self.encoder,
+            device,
+            kv_cache.block_size,
+            attention_backend,
+            model.uses_mrope,
+            model.image_attention == "bidirectional",
+        )
         self.eos_token_ids = eos_token_ids  # masked by min_tokens
         self.grammar = GrammarMask()
         # preempted requests' grammar matchers, kept like their generators (they have accepted
@@ -197,7 +166,7 @@ class ModelRunner:
             ]
             + unloaded
         )
-        batch = self._build_batch(sched)
+        batch = self.batches.build(sched, self.states)
         with torch.inference_mode():
             embeds = self.model.embed(batch.token_ids)
             deepstack = None
@@ -263,71 +232,3 @@ class ModelRunner:
                 entries += compute_logprobs(rows, targets, [num_top] * (hi - lo))
             out[req_id] = (first, entries)
         return out
-
-    def _build_batch(self, sched: SchedulerOutput) -> FlatBatch:
-        ids: list[int] = []
-        mrope_positions, tables, query_lens, seq_lens = [], [], [], []
-        mm_dst, mm_src = [], []
-        # bidirectional-image models only: the image ranges each sequence's queries overlap
-        image_ranges: list[list[tuple[int, int]]] | None = [] if self.bidirectional_images else None
-        sample_idx, sample_req_ids = [], []
-        prompt_rows: list[tuple[str, int, int, int]] = []
-        offset = 0
-        for req_id, n in sched.num_scheduled_tokens.items():
-            state = self.states[req_id]
-            start, end = state.num_computed_tokens, state.num_computed_tokens + n
-            ids.extend(state.token_ids[start:end])
-            if state.mrope is not None:
-                mrope_positions.append(state.mrope.slice(start, end))
-            tables.append(state.block_table)
-            query_lens.append(n)
-            seq_lens.append(end)
-            ranges: list[tuple[int, int]] = []
-            for item in state.mm_items:
-                lo, hi = max(start, item.offset), min(end, item.end)
-                if lo < hi:
-                    mm_dst.append(torch.arange(lo, hi) - start + offset)
-                    mm_src.append(self.encoder.get_slice(item, lo, hi))
-                    ranges.append((item.offset, item.end))
-            if image_ranges is not None:
-                image_ranges.append(ranges)
-            if state.params.prompt_logprobs is not None:
-                last = min(end, state.num_prompt_tokens - 1)
-                if last > start:
-                    prompt_rows.append((req_id, offset, start, last - start))
-            if end == len(state.token_ids):
-                sample_idx.append(offset + n - 1)
-                sample_req_ids.append(req_id)
-            offset += n
-        q_lens, lens = torch.tensor(query_lens), torch.tensor(seq_lens)
-        query_start_loc = torch.zeros(len(query_lens) + 1, dtype=torch.long)
-        torch.cumsum(q_lens, 0, out=query_start_loc[1:])
-        row = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
-        pos = torch.arange(offset) - query_start_loc[row] + (lens - q_lens)[row]
-        block_tables = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True)
-        bs = self.block_size
-        slot_mapping = block_tables[row, pos // bs] * bs + pos % bs
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping.to(dev),
-            query_start_loc=query_start_loc.to(dev, torch.int32),
-            seq_lens=lens.to(dev, torch.int32),
-            block_tables=block_tables.to(dev, torch.int32),
-            block_size=bs,
-            query_lens_host=query_lens,
-            seq_lens_host=seq_lens,
-            use_kernel=self.attention_backend == "cpu-kernel",
-            use_flex=self.attention_backend == "flex",
-            image_ranges=image_ranges,
-        )
-        positions = torch.cat(mrope_positions, dim=-1) if self.uses_mrope else pos
-        return FlatBatch(
-            token_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=positions.to(dev),
-            meta=meta,
-            mm_dst=torch.cat(mm_dst).to(dev) if mm_dst else torch.empty(0, dtype=torch.long),
-            mm_src=mm_src,
-            sample_idx=torch.tensor(sample_idx, dtype=torch.long, device=dev),
-            sample_req_ids=sample_req_ids,
-            prompt_rows=prompt_rows,
-        )
