@@ -160,6 +160,13 @@ def test_unknown_model():
         LLM("no-such-model")
 
 
+def test_a_kv_cache_smaller_than_max_model_len_is_refused_at_start():
+    with pytest.raises(
+        ValueError, match=r"max_model_len=2048 is more than the KV cache holds \(8 blocks"
+    ):
+        LLM("tiny-llava", max_model_len=2048, num_kv_blocks=8)
+
+
 def test_metrics_keys(llm):
     metrics = llm.get_metrics()
     for key in (
