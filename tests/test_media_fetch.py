@@ -27,16 +27,15 @@ import httpx
 import pytest
 from PIL import Image
 
-from mmserve.multimodal import media_fetch
-from mmserve.multimodal.fetch_policy import CLOUD_METADATA_ADDRESSES
-from mmserve.multimodal.media import ImageTooLargeError
-from mmserve.multimodal.media_fetch import (
-    MediaFetcher,
-    MediaFetchError,
+from mmserve.multimodal import media_fetch_errors, offline_media
+from mmserve.multimodal.fetch_policy import (
+    CLOUD_METADATA_ADDRESSES,
     MediaFetchPolicy,
-    Resolver,
     address_refusal,
 )
+from mmserve.multimodal.media import ImageTooLargeError
+from mmserve.multimodal.media_fetch import MediaFetcher, Resolver
+from mmserve.multimodal.media_fetch_errors import MediaFetchError
 
 LOOPBACK = ("127.0.0.1", "::1")
 LOCAL_NET = MediaFetchPolicy.parse_networks("127.0.0.1/32")
@@ -317,7 +316,7 @@ def test_default_policy_refuses_without_contact(
     bait: RecordingServer, caplog: pytest.LogCaptureFixture, template: str, reason: str
 ) -> None:
     url = template.format(bait=bait.url, port=bait.server_port)
-    caplog.set_level(logging.WARNING, logger=media_fetch.__name__)
+    caplog.set_level(logging.WARNING, logger=media_fetch_errors.logger.name)
     with pytest.raises(MediaFetchError) as info:
         load(MediaFetchPolicy(), url)
     assert str(info.value) == uniform(url)  # identical text whatever the cause
@@ -569,7 +568,7 @@ def test_data_urls(monkeypatch: pytest.MonkeyPatch) -> None:
         load(policy, "data:image/png,rawbytes")
     too_big = "data:image/png;base64," + base64.b64encode(b"x" * 31).decode()
     with monkeypatch.context() as patch:  # refused on length alone: nothing is decoded
-        patch.setattr(media_fetch.base64, "b64decode", lambda *a, **k: pytest.fail("decoded"))
+        patch.setattr(offline_media.base64, "b64decode", lambda *a, **k: pytest.fail("decoded"))
         with pytest.raises(ImageTooLargeError, match="exceeds 30 bytes"):
             load(policy, too_big)
     with pytest.raises(ImageTooLargeError):  # 32 bytes fit the 44-char bound of a 31-byte limit

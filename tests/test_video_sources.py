@@ -19,8 +19,10 @@ from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.cli_args import media_policy
 from mmserve.inputs import ProcessedPrompt, VideoFrames
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.media import ImageTooLargeError, VideoTooLargeError
-from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchError, MediaFetchPolicy
+from mmserve.multimodal.media_fetch import MediaFetcher
+from mmserve.multimodal.media_fetch_errors import MediaFetchError
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.video_memo import PreparedVideoMemo
 from tests.bait_server import BaitServer

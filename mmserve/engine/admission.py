@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmserve.inputs import ProcessedPrompt, VideoFrames
+from mmserve.multimodal.fetch_policy import MediaKind
 from mmserve.multimodal.image_memo import PreparedImage
-from mmserve.multimodal.media_fetch import MediaFetcher, MediaKind, is_http_url
+from mmserve.multimodal.media_fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
 from mmserve.multimodal.video_memo import AnyPreparedVideo, VideoLookup

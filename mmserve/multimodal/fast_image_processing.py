@@ -1,10 +1,11 @@
 """The model's image processor redone for one image in a few vectorized uint8 / float32 passes.
 
 Covers what the transformers PIL processors do for the supported models (``CLIPImageProcessor``
-for LLaVA, ``Qwen2VLImageProcessor``, and the LLaVA-NeXT / OneVision anyres tiling in
-``fast_anyres``): RGB conversion, resize, center crop, rescale, normalize and Qwen2-VL's
-patchify, read from the loaded processor object (so ``preprocessor_config.json``
-and the user's ``processor_kwargs`` both apply). Output shapes and dtypes are the processor's.
+for LLaVA in ``fast_clip``, ``Qwen2VLImageProcessor`` in ``fast_qwen2_vl``, and the LLaVA-NeXT /
+OneVision anyres tiling in ``fast_anyres``): RGB conversion, resize, center crop, rescale,
+normalize and Qwen2-VL's patchify. This module builds them from the loaded processor object's
+settings (so ``preprocessor_config.json`` and the user's ``processor_kwargs`` both apply).
+Output shapes and dtypes are the processor's.
 
 Modes (``PREPROCESSING_MODES``):
 
@@ -41,18 +42,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import transformers
 from PIL import Image
-from transformers.image_transforms import center_crop, get_resize_output_image_size
 from transformers.image_utils import ChannelDimension
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from mmserve.multimodal.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.fast_clip import ClipImageProcessing
 from mmserve.multimodal.fast_pixels import TORCH_FILTERS, PixelSteps
+from mmserve.multimodal.fast_qwen2_vl import Qwen2VLImageProcessing
 
 logger = logging.getLogger(__name__)
 
@@ -67,80 +67,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "input_data_format": (None,),
     "device": (None,),
 }
-
-
-@dataclass(frozen=True)
-class ClipImageProcessing:
-    """``CLIPImageProcessor``: shortest-edge (or fixed) resize, center crop, rescale, normalize
-    -> (3, H, W) float32."""
-
-    pixels: PixelSteps
-    shortest_edge: int | None  # resize so the short side is this (aspect kept) ...
-    size: tuple[int, int] | None  # ... or to this (height, width); both None: no resize
-    crop: tuple[int, int] | None  # center crop (height, width), zero-padded when larger
-
-    def accepts(self, image: Image.Image) -> bool:
-        return self.pixels.accepts(image)
-
-    def __call__(self, image: Image.Image, pixels: bytes | None = None) -> np.ndarray:
-        if self.shortest_edge is not None:
-            height, width = get_resize_output_image_size(
-                np.broadcast_to(np.uint8(0), (3, image.height, image.width)),  # a shape only
-                size=self.shortest_edge,
-                default_to_square=False,
-                input_data_format=ChannelDimension.FIRST,
-            )
-            rgb = self.pixels.resize(image, pixels, height, width)
-        elif self.size is not None:
-            rgb = self.pixels.resize(image, pixels, *self.size)
-        else:
-            rgb = self.pixels.rgb(image, pixels)
-        if self.crop is not None:
-            rgb = center_crop(
-                rgb,
-                self.crop,
-                data_format=ChannelDimension.LAST,
-                input_data_format=ChannelDimension.LAST,
-            )
-        return self.pixels.rescale_normalize(rgb.transpose(2, 0, 1), (3, 1, 1))
-
-
-@dataclass(frozen=True)
-class Qwen2VLImageProcessing:
-    """``Qwen2VLImageProcessor``: ``smart_resize`` to multiples of patch x merge, rescale,
-    normalize, then flat patches (t*h*w, C*T*p*p) with the frame repeated T times, and the
-    (t, h, w) patch grid."""
-
-    pixels: PixelSteps
-    min_pixels: int
-    max_pixels: int
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
-
-    def accepts(self, image: Image.Image) -> bool:
-        return self.pixels.accepts(image)
-
-    def __call__(
-        self, image: Image.Image, pixels: bytes | None = None
-    ) -> tuple[np.ndarray, tuple[int, int, int]]:
-        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
-        height, width = smart_resize(
-            image.height,
-            image.width,
-            factor=p * m,
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-        )
-        rgb = self.pixels.resize(image, pixels, height, width)
-        gh, gw = height // p, width // p
-        # (H, W, C) -> (gh/m, gw/m, m, m, C, p, p): the processor's patch order, still uint8
-        patches = rgb.reshape(gh // m, m, p, gw // m, m, p, 3).transpose(0, 3, 1, 4, 6, 2, 5)
-        patches = np.ascontiguousarray(patches).reshape(gh * gw, 3, 1, p * p)
-        values = self.pixels.rescale_normalize(patches, (3, 1, 1))
-        out = np.empty((gh * gw, 3, t, p * p), np.float32)
-        out[...] = values  # the one frame repeated temporal_patch_size times
-        return out.reshape(gh * gw, 3 * t * p * p), (1, gh, gw)
 
 
 FastImageProcessing = ClipImageProcessing | Qwen2VLImageProcessing | AnyresImageProcessing

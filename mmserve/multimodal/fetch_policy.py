@@ -11,11 +11,13 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from mmserve.multimodal.media import MAX_IMAGE_BYTES, MAX_VIDEO_BYTES
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+MediaKind = Literal["image", "video"]
 
 #: Cloud instance-metadata endpoints (AWS/GCP/Azure, ECS, AWS time, Alibaba, Oracle, Azure
 #: WireServer, AWS IPv6):
@@ -93,6 +95,12 @@ class MediaFetchPolicy:
             except ValueError:
                 raise ValueError(f"invalid network in allowed networks: {spec!r}") from None
         return tuple(networks)
+
+    def byte_limit(self, kind: MediaKind, data_url: bool = False) -> int:
+        """The most bytes one medium of ``kind`` may have (from a data URL: ``data_url``)."""
+        if kind == "video":
+            return self.max_video_bytes
+        return self.max_data_url_bytes if data_url else self.max_bytes
 
 
 def _reached_addresses(ip: IPAddress) -> list[IPAddress]:

@@ -4,78 +4,41 @@
 Every http(s) hop is checked (scheme, userinfo, domain allow-list); its host is resolved once, every
 address must pass :func:`address_refusal`, and the connection goes to that checked address (Host
 header and TLS SNI keep the name), so DNS rebinding cannot slip in a second answer. Clients see one
-uniform message whatever went wrong; the reason goes to the server log only.
+uniform message whatever went wrong; the reason goes to the server log only
+(``media_fetch_errors``). Data URLs and local files are read by ``offline_media``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import http.cookiejar
 import ipaddress
-import logging
-import os
 import socket
-import stat
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from typing import Any
 
 import httpx
 
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy, address_refusal
-from mmserve.multimodal.media import (
-    ImageTooLargeError,
-    MediaTooLargeError,
-    VideoTooLargeError,
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy, MediaKind, address_refusal
+from mmserve.multimodal.media import MediaTooLargeError
+from mmserve.multimodal.media_fetch_errors import (
+    FetchRefused,
+    fetch_failure,
+    shown_source,
+    too_large,
 )
-
-logger = logging.getLogger(__name__)
+from mmserve.multimodal.offline_media import OfflineMediaReader
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
-MediaKind = Literal["image", "video"]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 MAX_URL_CHARS = 8192
 
 
-class MediaFetchError(ValueError):
-    """A media source could not be loaded; ``str(exc)`` is the client-facing message.
-
-    Invariant: the message never says why a fetch failed (refused address, DNS, connection,
-    status...), so the server is no port scanner; the reason is only logged.
-    """
-
-
-class _Refused(Exception):
-    """Internal: a fetch failed for the logged reason ``str(exc)``."""
-
-
 def is_http_url(source: str) -> bool:
     return source[:8].lower().startswith(("http://", "https://"))
-
-
-def _shown(source: str) -> str:
-    return source if len(source) <= 120 else source[:117] + "..."
-
-
-def _failure(
-    source: str, reason: str | Exception, local: bool = False, kind: MediaKind = "image"
-) -> MediaFetchError:
-    """Log the real reason; return the uniform client-facing error."""
-    if isinstance(reason, Exception) and not isinstance(reason, _Refused):
-        reason = f"{type(reason).__name__}: {reason}"
-    logger.warning("media fetch of %r failed: %s", source[:2000], reason)
-    what = f"could not read local {kind}" if local else f"could not fetch {kind} from"
-    return MediaFetchError(f"{what} {_shown(source)}")
-
-
-def _too_large(kind: MediaKind, message: str) -> MediaTooLargeError:
-    return (VideoTooLargeError if kind == "video" else ImageTooLargeError)(f"{kind} {message}")
 
 
 class MediaFetcher:
@@ -97,6 +60,7 @@ class MediaFetcher:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.policy = policy
+        self.offline_reader = OfflineMediaReader(policy)
         self.resolver: Resolver = resolver or self._system_resolve
         self._transport = transport
         self._dns_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="media-dns")
@@ -104,12 +68,6 @@ class MediaFetcher:
         self._semaphore = asyncio.Semaphore(policy.max_concurrent_fetches)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-
-    def max_bytes(self, kind: MediaKind, data_url: bool = False) -> int:
-        p = self.policy
-        if kind == "video":
-            return p.max_video_bytes
-        return p.max_data_url_bytes if data_url else p.max_bytes
 
     async def load(self, source: str, kind: MediaKind = "image") -> bytes:
         """The bytes behind a data URL, http(s) URL, file:// URL or plain local path."""
@@ -144,12 +102,7 @@ class MediaFetcher:
 
     def read_offline(self, source: str, kind: MediaKind = "image") -> bytes:
         """Blocking: a data URL or an allowed local file (never the network)."""
-        if source[:5].lower() == "data:":
-            return self._data_url_bytes(source, kind)
-        scheme = source.partition("://")[0].lower() if "://" in source else ""
-        if scheme not in ("", "file") or self.policy.allowed_local_path in (None, False):
-            raise _failure(source, f"scheme {scheme!r} or local files not allowed", kind=kind)
-        return self._read_local(source, scheme == "file", kind)
+        return self.offline_reader.read(source, kind)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -187,15 +140,15 @@ class MediaFetcher:
             raise
         except (asyncio.TimeoutError, TimeoutError):
             timeout = f"total timeout of {self.policy.total_timeout_s} s"
-            raise _failure(url, timeout, kind=kind) from None
+            raise fetch_failure(url, timeout, kind=kind) from None
         except Exception as exc:  # refusal, DNS, connect, TLS, protocol, bad URL: all look alike
-            raise _failure(url, exc, kind=kind) from None
+            raise fetch_failure(url, exc, kind=kind) from None
 
     async def _fetch_hops(
         self, url: str, client: httpx.AsyncClient, slot: Any, kind: MediaKind
     ) -> bytes:
         if len(url) > MAX_URL_CHARS:  # parsing a huge URL would stall the event loop
-            raise _Refused(f"URL longer than {MAX_URL_CHARS} characters")
+            raise FetchRefused(f"URL longer than {MAX_URL_CHARS} characters")
         async with slot:
             current = httpx.URL(url)
             for _ in range(self.policy.max_redirects + 1):
@@ -204,25 +157,25 @@ class MediaFetcher:
                     status, location = response.status_code, response.headers.get("location")
                     if status in _REDIRECTS and location:
                         if len(location) > MAX_URL_CHARS:
-                            raise _Refused(f"redirect longer than {MAX_URL_CHARS} characters")
+                            raise FetchRefused(f"redirect longer than {MAX_URL_CHARS} characters")
                         current = current.join(location)
                         continue
                     if status != 200:
-                        raise _Refused(f"{current} answered HTTP {status}")
+                        raise FetchRefused(f"{current} answered HTTP {status}")
                     return await self._read_body(response, url, kind)
                 finally:
                     await response.aclose()
-            raise _Refused(f"more than {self.policy.max_redirects} redirects")
+            raise FetchRefused(f"more than {self.policy.max_redirects} redirects")
 
     async def _send_checked(self, url: httpx.URL, client: httpx.AsyncClient) -> httpx.Response:
         """Check one hop, then send it to the checked address with the original Host and SNI."""
         if url.scheme not in ("http", "https") or url.userinfo or not url.raw_host:
-            raise _Refused(f"scheme, userinfo or host of {url} not allowed")
+            raise FetchRefused(f"scheme, userinfo or host of {url} not allowed")
         host = url.raw_host.decode("ascii")
         domains = self.policy.allowed_domains
         names = {h.lower().removesuffix(".") for h in (host, url.host)}
         if domains is not None and not names & domains:
-            raise _Refused(f"host {host!r} not in allowed domains")
+            raise FetchRefused(f"host {host!r} not in allowed domains")
         try:
             addresses = [ipaddress.ip_address(url.host)]
         except ValueError:
@@ -230,10 +183,10 @@ class MediaFetcher:
             answers = await self.resolver(host, port)
             addresses = list(dict.fromkeys(ipaddress.ip_address(a) for a in answers))
         if not addresses:
-            raise _Refused(f"no address for {host!r}")
+            raise FetchRefused(f"no address for {host!r}")
         for ip in addresses:
             if (reason := address_refusal(ip, self.policy)) is not None:
-                raise _Refused(f"address of {host!r} refused: {reason}")
+                raise FetchRefused(f"address of {host!r} refused: {reason}")
         headers = {"Host": url.netloc.decode("ascii"), "Accept-Encoding": "identity"}
         extensions = {"sni_hostname": host} if url.scheme == "https" else {}
         for i, ip in enumerate(addresses, 1):  # refused or timed out: the next checked address
@@ -247,19 +200,19 @@ class MediaFetcher:
         raise AssertionError("unreachable")
 
     async def _read_body(self, response: httpx.Response, url: str, kind: MediaKind) -> bytes:
-        limit = self.max_bytes(kind)
-        too_large = _too_large(kind, f"at {_shown(url)} exceeds {limit} bytes")
+        limit = self.policy.byte_limit(kind)
+        too_large_error = too_large(kind, f"at {shown_source(url)} exceeds {limit} bytes")
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):  # no decompression bombs: raw bytes only
-            raise _Refused(f"unrequested Content-Encoding {encoding!r}")
+            raise FetchRefused(f"unrequested Content-Encoding {encoding!r}")
         length = response.headers.get("content-length", "").strip()
         if length.isdigit() and int(length) > limit:
-            raise too_large
+            raise too_large_error
         chunks, size = [], 0
         async for chunk in response.aiter_bytes():  # identity only, checked above
             size += len(chunk)
             if size > limit:
-                raise too_large
+                raise too_large_error
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -269,50 +222,3 @@ class MediaFetcher:
             self._dns_pool, lambda: socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         )
         return [str(info[4][0]) for info in infos]
-
-    def _data_url_bytes(self, url: str, kind: MediaKind) -> bytes:
-        limit = self.max_bytes(kind, data_url=True)
-        header, sep, payload = url.partition(",")
-        if not sep or not header.lower().endswith(";base64"):
-            raise MediaFetchError(f"{kind} data URL must look like data:<mime>;base64,<data>")
-        if len(payload) > 4 * -(-limit // 3):  # before decoding anything
-            raise _too_large(kind, f"data URL exceeds {limit} bytes")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise MediaFetchError(f"invalid base64 in {kind} data URL") from None
-        if len(data) > limit:
-            raise _too_large(kind, f"data URL exceeds {limit} bytes")
-        return data
-
-    def _read_local(self, source: str, is_url: bool, kind: MediaKind) -> bytes:
-        """Blocking: a local file allowed by the policy; one message for every failure."""
-        allowed, limit = self.policy.allowed_local_path, self.max_bytes(kind)
-        too_large = _too_large(kind, f"at {_shown(source)} exceeds {limit} bytes")
-        try:
-            if is_url:
-                parts = urlsplit(source)
-                if parts.netloc not in ("", "localhost"):
-                    raise _Refused(f"file URL with host {parts.netloc!r}")
-                path = Path(unquote(parts.path))
-            else:
-                path = Path(source).expanduser()
-            resolved = path.resolve()  # symlinks resolved before the directory check
-            if isinstance(allowed, Path) and not resolved.is_relative_to(allowed.resolve()):
-                raise _Refused("outside the allowed media directory")
-            # O_NONBLOCK: a FIFO cannot hang us; O_NOFOLLOW: no symlink swapped in since
-            fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as f:
-                info = os.fstat(f.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise _Refused("not a regular file")
-                if info.st_size > limit:
-                    raise too_large
-                data = f.read(limit + 1)
-        except MediaTooLargeError:
-            raise
-        except (_Refused, OSError, ValueError, RuntimeError) as exc:
-            raise _failure(source, exc, local=True, kind=kind) from None
-        if len(data) > limit:
-            raise too_large
-        return data

@@ -15,6 +15,7 @@ from mmserve.inputs import MultiModalItem, ProcessedPrompt
 from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
+from mmserve.multimodal.image_text_expansion import ImageTextExpander
 from mmserve.multimodal.media import checked_image
 from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.onevision_video import PreparedOnevisionVideo
@@ -70,9 +71,12 @@ class InputProcessor:
         self.video_loader = VideoLoader(media_policy, sampling)
         self.videos = VideoInputs(model_config, max_videos, self.video_loader)
         glue = self.preparer.image_inputs
-        self.image_text = (
-            glue.image_text(tokenizer, model_config) if glue and glue.image_text else None
-        )
+        self.image_text_expander: ImageTextExpander | None = None
+        if glue and glue.image_text:
+            image_text = glue.image_text(tokenizer, model_config)
+            self.image_text_expander = ImageTextExpander(
+                image_text, tokenizer, self.tokenize, model_config.image_token_id
+            )
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -103,7 +107,7 @@ class InputProcessor:
         (``prepare_video``) or decoded videos."""
         merged = self.check_mm_kwargs(mm_kwargs)
         self.videos.check_count(len(videos))  # a ValueError for models without video input
-        if self.image_text is not None:
+        if self.image_text_expander is not None:
             return self._process_image_text(prompt, images, uuids, cache_salt, mm_kwargs, merged)
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
@@ -163,76 +167,22 @@ class InputProcessor:
         mm_kwargs: dict[str, Any] | None,
         merged: dict[str, Any] | None,
     ) -> ProcessedPrompt:
-        """Families whose processor expands the image marker in the text (``ImageText``):
-        each image's text goes in before tokenizing (a token-id prompt must hold it already),
-        and each run of image tokens becomes one item: the image, then each pan-and-scan crop
-        (keyed ``<image key>#<crop>``), in the processor's order."""
-        assert self.image_text is not None
+        """Families whose processor expands the image marker in the text (``ImageText``): the
+        images are checked and prepared here, the prompt built by ``ImageTextExpander``."""
+        assert self.image_text_expander is not None
         self.check_num_images(len(images))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
-        if isinstance(prompt, str) and prompt.count(self.image_text.marker) != len(images):
-            raise ValueError(
-                f"prompt has {prompt.count(self.image_text.marker)} image placeholder(s) but"
-                f" {len(images)} image(s) were given"
-            )
+        self.image_text_expander.check_marker_count(prompt, len(images))
         prepared = [
             s if isinstance(s, PreparedImage) else self.prepare_image(s, cache_salt, mm_kwargs)
             for s in images
         ]
-        groups = [_groups(p.data) for p in prepared]
-        texts = [self.image_text.text(n) for n in groups]
-        if isinstance(prompt, str):
-            parts = prompt.split(self.image_text.marker)
-            prompt = parts[0] + "".join(t + part for t, part in zip(texts, parts[1:], strict=True))
-        ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
-        if ids.size == 0:
-            raise ValueError("prompt is empty")
-        image_token = self.model_config.image_token_id
-        if not isinstance(prompt, str):
-            ids = self._expand_marker_tokens(ids, texts)
-        edges = np.diff(np.concatenate(([0], ids == image_token, [0])))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        if len(starts) != sum(groups):
-            raise ValueError(
-                f"prompt has {len(starts)} runs of image tokens, its {len(images)} image(s)"
-                f" need {sum(groups)}"
-            )
-        items: list[MultiModalItem] = []
-        for i, (image, n) in enumerate(zip(prepared, groups, strict=True)):
-            key = self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
-            rows = [image.data] if n == 1 else list(image.data)  # one group: the memo's object
-            for crop, data in enumerate(rows):
-                start, end = int(starts[len(items)]), int(ends[len(items)])
-                if end - start != image.length // n:
-                    raise ValueError(f"image {i} needs runs of {image.length // n} image tokens")
-                if n == 1:
-                    items.append(MultiModalItem(key, start, image.length, data))
-                else:
-                    part = MultiModalItem(
-                        f"{key}#{crop}", start, image.length // n, data, crop=crop
-                    )
-                    items.append(part)
-        return ProcessedPrompt(ids.tolist(), items)
 
-    def _expand_marker_tokens(self, ids: np.ndarray, texts: list[str]) -> np.ndarray:
-        """A token-id prompt: each marker token not followed by image tokens (not expanded
-        yet) becomes its image's tokenized text, as vLLM does for token prompts."""
-        assert self.image_text is not None
-        marker = self.tokenizer.convert_tokens_to_ids(self.image_text.marker)
-        following = np.append(ids[1:], -1)
-        bare = np.flatnonzero((ids == marker) & (following != self.model_config.image_token_id))
-        if not len(bare):
-            return ids
-        if len(bare) != len(texts):
-            raise ValueError(
-                f"prompt has {len(bare)} image placeholder(s) but {len(texts)} image(s) were given"
-            )
-        pieces = np.split(ids, bare)
-        for i, text in enumerate(texts):
-            encoded = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            pieces[i + 1] = np.concatenate((np.asarray(encoded, dtype=np.int64), pieces[i + 1][1:]))
-        return np.concatenate(pieces)
+        def key_of(i: int, image: PreparedImage) -> str:
+            return self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
+
+        return self.image_text_expander.expand(prompt, prepared, key_of)
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
@@ -306,11 +256,6 @@ def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.nda
             f"prompt has {len(places)} {kind} placeholder(s) but {count} {kind}(s) were given"
         )
     return places
-
-
-def _groups(data: Any) -> int:
-    """Embedding groups of an ``ImageText`` family's image data (see ``ImageText``)."""
-    return len(data) if getattr(data, "ndim", 0) == 4 else 1
 
 
 def memo_key(
