@@ -106,6 +106,7 @@ def test_routing_stats_count_reservations_in_flight_and_the_cap() -> None:
     snap = stats.snapshot()
     assert snap["in_flight"] == {"a": 1, "b": 1}
     assert snap["decisions"] == {"affinity": 2, "spill": 1, "pinned": 1}
+    assert snap["routed"] == {"a": 2, "b": 1}  # generation requests: the stats call is not one
     assert snap["over_cap"] == 0 and snap["peak_in_flight"] == {"a": 3, "b": 1}
     assert snap["replicas"] == ["a", "b"]
 

@@ -58,7 +58,7 @@ class RoutingCollector(Collector):
         yield _per_replica(
             CounterMetricFamily(
                 "mmserve_routing_requests_routed",
-                "Requests (stats calls included) routed to each replica by this ingress.",
+                "Generation requests routed to each replica by this ingress (stats calls: pinned).",
                 labels=["replica"],
             ),
             snap.get("routed", {}),

@@ -31,8 +31,10 @@ class RoutingStats:
     completed (never negative); ``loads()`` adds the choices made and not yet dispatched (Ray
     dispatches after a round trip to the replica, and a burst is routed within it); every
     routed request is counted once in ``decisions`` (affinity / spill / pow2 / unkeyed /
-    pinned); ``over_cap`` counts choices that put their first replica above the load cap of
-    that moment, counting what is in flight and reserved (the load bound says: 0).
+    pinned); ``routed[r]`` counts the generation requests sent to ``r`` (a pinned call, the
+    ingress asking ``r`` for its stats, is load but not one); ``over_cap`` counts choices that
+    put their first replica above the load cap of that moment, counting what is in flight and
+    reserved (the load bound says: 0).
     """
 
     def __init__(self) -> None:
@@ -90,7 +92,8 @@ class RoutingStats:
             plan = self._reserved.pop(request_id, None)
             self._pending[request_id] = replica
             self.in_flight[replica] += 1
-            self.routed[replica] += 1
+            if kind != "pinned":
+                self.routed[replica] += 1
             if kind == "affinity":
                 kind = "affinity" if plan is None or plan.top == replica else "spill"
             self.decisions[kind] += 1
