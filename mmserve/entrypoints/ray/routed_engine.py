@@ -14,9 +14,11 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from mmserve.engine.admission import AdmissionExecutors
 from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.engine_metrics import COUNTER_KEYS
 from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.ray.cluster_metrics import RoutingCollector, StatsRefresher
+from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums
 from mmserve.entrypoints.ray.frontend import FrontendEngine
 from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
@@ -75,6 +77,7 @@ class RoutedEngine(AsyncLLMEngine):
         self._started = False
         self._summed_at: float | None = None
         self._reporting = 0
+        self._sums = ClusterCounterSums(COUNTER_KEYS, not_summed=GAUGES_NOT_SUMMED)
         self.refresh_metrics = StatsRefresher(self.cluster_stats)
         self.stats.registry.register(RoutingCollector(ROUTING.snapshot, self.freshness))
 
@@ -128,7 +131,9 @@ class RoutedEngine(AsyncLLMEngine):
 
     async def cluster_stats(self) -> dict[str, Any]:
         """Per-replica engine counters (encodes, cache hits, requests), their totals and this
-        ingress' routing decisions. A replica that does not answer in time is left out."""
+        ingress' routing decisions. A replica that does not answer in time is left out of
+        ``replicas``; the totals keep the counts of replicas that missed this refresh or are
+        gone (``ClusterCounterSums``)."""
         routing = ROUTING.snapshot()
         replicas: dict[str, dict[str, Any]] = {}
         for name in routing["replicas"]:  # one at a time: see ImageAffinityRouter
@@ -136,10 +141,6 @@ class RoutedEngine(AsyncLLMEngine):
                 replicas[name] = await self.replica_stats(name)
             except Exception as exc:
                 logger.warning("replica %s did not report its stats: %r", name, exc)
-        total: dict[str, float] = {}
-        for stats in replicas.values():
-            for key, value in stats.items():
-                if isinstance(value, (int, float)) and key not in GAUGES_NOT_SUMMED:
-                    total[key] = total.get(key, 0) + value
+        total = self._sums.add(replicas, known=routing["replicas"])
         self._snapshot, self._summed_at, self._reporting = total, time.monotonic(), len(replicas)
         return {"replicas": replicas, "total": total, "routing": routing}
