@@ -32,8 +32,8 @@ import transformers
 
 from mmserve.bench.images import synthetic_image
 from mmserve.engine.loading import build_model_config, load_image_processor
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.image_prep import IMAGE_INPUTS, ImagePreparer
-from mmserve.multimodal.media_fetch import MediaFetchPolicy
 
 MODES = ("hf", "exact", "fast")
 

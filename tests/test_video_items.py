@@ -23,7 +23,7 @@ from mmserve.config import ModelConfig
 from mmserve.engine.loading import build_model_config, load_model
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
-from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.video_inputs import VideoInputs
 from mmserve.multimodal.video_prep import prepare_video, video_frames
 from mmserve.multimodal.video_processing import load_video_settings, preprocess_video

@@ -18,7 +18,8 @@ from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal import video_source
-from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 from tests.video_helpers import make_video
 

@@ -35,7 +35,7 @@ from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.layers.attention import select_attention_backend
-from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import RequestStatus
 from mmserve.sampling_params import SamplingParams

@@ -24,10 +24,11 @@ from mmserve.multimodal.fast_image_processing import (
     PREPROCESSING_MODES,
     fast_image_processor,
 )
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.hashing import hash_image
 from mmserve.multimodal.image_memo import PreparedImage
 from mmserve.multimodal.media import checked_image, decode_image, read_image_source
-from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
+from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.video_sampling import without_sampling
 
 PREPROCESSING_ENV = "MMSERVE_IMAGE_PREPROCESSING"

@@ -50,7 +50,8 @@ def read_image_source(source: Any, fetcher: MediaFetcher | None = None) -> Any:
     if not isinstance(source, str):
         raise ValueError(f"unsupported image input of type {type(source).__name__}")
     if fetcher is None:
-        from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
+        from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+        from mmserve.multimodal.media_fetch import MediaFetcher
 
         fetcher = MediaFetcher(MediaFetchPolicy(allowed_local_path=True))
     return fetcher.load_blocking(source)

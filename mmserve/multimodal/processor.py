@@ -12,12 +12,12 @@ from PIL import Image
 
 from mmserve.config import ModelConfig
 from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.hashing import hash_uuid, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.image_text_expansion import ImageTextExpander
 from mmserve.multimodal.media import checked_image
-from mmserve.multimodal.media_fetch import MediaFetchPolicy
 from mmserve.multimodal.onevision_video import PreparedOnevisionVideo
 from mmserve.multimodal.qwen3_video import (
     QWEN3_VL_ARCHITECTURE,

@@ -17,8 +17,9 @@ import numpy as np
 from PIL import Image
 
 from mmserve.inputs import VideoFrames
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.media import VideoTooLargeError
-from mmserve.multimodal.media_fetch import MediaFetcher, MediaFetchPolicy
+from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.video import VideoLimits, decode_video
 from mmserve.multimodal.video_sampling import VideoSampling
 

@@ -14,7 +14,7 @@ from mmserve.engine.loading import create_engine_config, load_image_processor, l
 from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
-from mmserve.multimodal.media_fetch import MediaFetchPolicy
+from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams
 
