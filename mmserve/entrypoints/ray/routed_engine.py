@@ -87,12 +87,12 @@ class RoutedEngine(AsyncLLMEngine):
         self._started = True
 
     def stop_loop(self, timeout: float = 10.0) -> None:
-        self._stopping = True
+        self._inbox.stop()  # no engine thread here: the flag check_health reads
 
     def check_health(self) -> None:
         if self._draining:
             raise EngineShutdownError("the server is shutting down")
-        if self._stopping or not self._started:
+        if self._inbox.stopping or not self._started:
             raise EngineShutdownError("the server is not running (shutting down)")
 
     async def _dispatch(
