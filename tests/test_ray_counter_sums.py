@@ -5,7 +5,9 @@ the replicas that reported."""
 
 from __future__ import annotations
 
-from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums
+import asyncio
+
+from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums, ClusterStatsCollector
 
 COUNTERS = frozenset({"encoder_images_encoded", "num_requests_finished"})
 
@@ -44,3 +46,52 @@ def test_a_replica_gone_before_it_ever_reported_adds_nothing() -> None:
     sums = ClusterCounterSums(COUNTERS)
     assert sums.add({}, known=["a"]) == {}
     assert sums.add({"b": report(1, 1, 1)}, known=["b"])["encoder_images_encoded"] == 1
+
+
+def test_a_replica_that_leaves_the_known_list_and_returns_is_counted_once() -> None:
+    sums = ClusterCounterSums(COUNTERS)
+    assert sums.add({"a": report(10, 0, 0)}, known=["a"])["encoder_images_encoded"] == 10
+    assert sums.add({}, known=[])["encoder_images_encoded"] == 10  # dropped for a moment
+    assert sums.add({"a": report(11, 0, 0)}, known=["a"])["encoder_images_encoded"] == 11
+
+
+def test_departed_replicas_are_folded_beyond_a_bound() -> None:
+    sums = ClusterCounterSums(COUNTERS, max_departed=2)
+    for i in range(5):  # five replicas, each replaced by the next
+        total = sums.add({f"r{i}": report(1, 0, 0)}, known=[f"r{i}"])
+        assert total["encoder_images_encoded"] == i + 1
+    assert len(sums._last) <= 1 + 2
+
+
+def test_overlapping_collections_fold_reports_in_the_order_they_were_read() -> None:
+    """A /cluster call overlapping a /metrics refresh: without one collection at a time, the
+    later read of r0 (110) folded first, then the earlier one (100) read as a restart."""
+    reads = {"r0": [100, 110], "r1": [5, 5]}
+    slow = asyncio.Event()
+
+    async def fetch(name: str) -> dict[str, object]:
+        if name == "r1" and not slow.is_set():
+            slow.set()
+            await asyncio.sleep(0.05)  # the first collection waits on a slow r1
+        return {"encoder_images_encoded": reads[name].pop(0)}
+
+    async def main() -> list[float]:
+        collector = ClusterStatsCollector(fetch, ClusterCounterSums(COUNTERS))
+        first = asyncio.create_task(collector.collect(["r0", "r1"]))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(collector.collect(["r0", "r1"]))
+        results = [await first, await second]
+        return [total["encoder_images_encoded"] for _, total in results]
+
+    assert asyncio.run(main()) == [105, 115]
+
+
+def test_a_replica_that_does_not_answer_is_left_out_of_the_reports() -> None:
+    async def fetch(name: str) -> dict[str, object]:
+        if name == "r1":
+            raise TimeoutError("no answer")
+        return {"encoder_images_encoded": 3}
+
+    collector = ClusterStatsCollector(fetch, ClusterCounterSums(COUNTERS))
+    reports, total = asyncio.run(collector.collect(["r0", "r1"]))
+    assert list(reports) == ["r0"] and total == {"encoder_images_encoded": 3}

@@ -148,6 +148,11 @@ class AsyncLLMEngine(RequestLifecycle):
         await asyncio.to_thread(self.stop_loop)  # admission pools stay up for the lifespan
         return cut
 
+    @property
+    def stopping(self) -> bool:
+        """``stop_loop`` was called (or the loop ended): no new work is taken."""
+        return self._inbox.stopping
+
     def check_health(self) -> None:
         """Raise ``EngineShutdownError`` unless the loop thread is up and accepting work."""
         if self._dead is not None:
@@ -155,7 +160,7 @@ class AsyncLLMEngine(RequestLifecycle):
             raise EngineShutdownError(f"the engine is dead after {name} (see the server log)")
         if self._draining:
             raise EngineShutdownError("the server is shutting down")
-        if self._inbox.stopping or self._thread is None or not self._thread.is_alive():
+        if self.stopping or self._thread is None or not self._thread.is_alive():
             raise EngineShutdownError("the engine is not running (shutting down)")
 
     async def run_text(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncGenerator
 from typing import Any, cast
@@ -18,7 +17,7 @@ from mmserve.engine.engine_metrics import COUNTER_KEYS
 from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.ray.cluster_metrics import RoutingCollector, StatsRefresher
-from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums
+from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums, ClusterStatsCollector
 from mmserve.entrypoints.ray.frontend import FrontendEngine
 from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
@@ -27,10 +26,9 @@ from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
 
-logger = logging.getLogger(__name__)
-
 STATS_TIMEOUT_S = 10.0
 GAUGES_NOT_SUMMED = frozenset({"kv_block_size"})
+REPLICA_COUNTERS = frozenset({"requests"})  # EngineReplica.stats' own counter
 
 
 def unwrap_ray_error(exc: BaseException) -> BaseException:
@@ -77,7 +75,8 @@ class RoutedEngine(AsyncLLMEngine):
         self._started = False
         self._summed_at: float | None = None
         self._reporting = 0
-        self._sums = ClusterCounterSums(COUNTER_KEYS, not_summed=GAUGES_NOT_SUMMED)
+        sums = ClusterCounterSums(COUNTER_KEYS | REPLICA_COUNTERS, not_summed=GAUGES_NOT_SUMMED)
+        self._collector = ClusterStatsCollector(self.replica_stats, sums)
         self.refresh_metrics = StatsRefresher(self.cluster_stats)
         self.stats.registry.register(RoutingCollector(ROUTING.snapshot, self.freshness))
 
@@ -86,13 +85,10 @@ class RoutedEngine(AsyncLLMEngine):
             self.admission.media_workers.start()
         self._started = True
 
-    def stop_loop(self, timeout: float = 10.0) -> None:
-        self._inbox.stop()  # no engine thread here: the flag check_health reads
-
     def check_health(self) -> None:
         if self._draining:
             raise EngineShutdownError("the server is shutting down")
-        if self._inbox.stopping or not self._started:
+        if self.stopping or not self._started:
             raise EngineShutdownError("the server is not running (shutting down)")
 
     async def _dispatch(
@@ -135,12 +131,6 @@ class RoutedEngine(AsyncLLMEngine):
         ``replicas``; the totals keep the counts of replicas that missed this refresh or are
         gone (``ClusterCounterSums``)."""
         routing = ROUTING.snapshot()
-        replicas: dict[str, dict[str, Any]] = {}
-        for name in routing["replicas"]:  # one at a time: see ImageAffinityRouter
-            try:
-                replicas[name] = await self.replica_stats(name)
-            except Exception as exc:
-                logger.warning("replica %s did not report its stats: %r", name, exc)
-        total = self._sums.add(replicas, known=routing["replicas"])
+        replicas, total = await self._collector.collect(routing["replicas"])
         self._snapshot, self._summed_at, self._reporting = total, time.monotonic(), len(replicas)
         return {"replicas": replicas, "total": total, "routing": routing}
