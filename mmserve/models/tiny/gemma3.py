@@ -24,6 +24,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from .build_steps import save_processor_files
+from .config_parts import decoder_sizes, siglip_vision_config
+from .sizes import BENCH_VIT, CI_VIT
 from .tokenizer import TokenizerFlavor
 
 GEMMA3_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -117,44 +120,23 @@ class Gemma3PresetSpec:
         ]
 
     def make_config(self) -> Gemma3Config:
-        vision = dict(
-            hidden_size=self.vision_hidden,
-            intermediate_size=self.vision_intermediate,
-            num_hidden_layers=self.vision_layers,
-            num_attention_heads=self.vision_heads,
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            num_channels=3,
-            hidden_act="gelu_pytorch_tanh",
-            layer_norm_eps=1e-6,
-            vision_use_head=False,
-            model_type="siglip_vision_model",
-        )
         text = dict(
-            vocab_size=self.vocab_size,
-            hidden_size=self.text_hidden,
-            intermediate_size=self.text_intermediate,
-            num_hidden_layers=self.text_layers,
-            num_attention_heads=self.text_heads,
-            num_key_value_heads=self.text_kv_heads,
+            **decoder_sizes(self),
             head_dim=self.head_dim,
             query_pre_attn_scalar=self.head_dim,
             sliding_window=self.sliding_window,
             layer_types=self.layer_types(),
-            max_position_embeddings=self.max_position_embeddings,
             rms_norm_eps=1e-6,
             # as gemma-3-4b-it: linear scaling (factor 8) on the global layers only
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
             },
-            bos_token_id=IDS["<bos>"],
-            eos_token_id=[IDS["<eos>"], IDS["<end_of_turn>"]],
-            pad_token_id=IDS["<pad>"],
+            **self.generation_ids(),
             tie_word_embeddings=self.tie_word_embeddings,
         )
         config = Gemma3Config(
-            vision_config=vision,
+            vision_config=siglip_vision_config(self),
             text_config=text,
             mm_tokens_per_image=self.mm_tokens_per_image,
             boi_token_index=IDS["<start_of_image>"],
@@ -200,9 +182,7 @@ class Gemma3PresetSpec:
             chat_template=GEMMA3_CHAT_TEMPLATE,
             image_seq_length=self.mm_tokens_per_image,
         )
-        processor.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        image_processor.save_pretrained(out)
+        save_processor_files(out, tokenizer, image_processor, processor)
 
 
 GEMMA3_PRESETS: dict[str, Gemma3PresetSpec] = {
@@ -212,10 +192,7 @@ GEMMA3_PRESETS: dict[str, Gemma3PresetSpec] = {
         image_size=32,
         patch_size=4,
         mm_tokens_per_image=16,
-        vision_hidden=32,
-        vision_layers=2,
-        vision_heads=2,
-        vision_intermediate=64,
+        **CI_VIT,
         text_hidden=128,
         text_intermediate=256,
         text_layers=3,
@@ -234,10 +211,7 @@ GEMMA3_PRESETS: dict[str, Gemma3PresetSpec] = {
         image_size=224,
         patch_size=14,
         mm_tokens_per_image=64,
-        vision_hidden=192,
-        vision_layers=4,
-        vision_heads=4,
-        vision_intermediate=768,
+        **BENCH_VIT,
         text_hidden=512,
         text_intermediate=768,
         text_layers=6,

@@ -18,10 +18,11 @@ config), derived from a preset's build by moving its template files; weights are
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .build_steps import edit_json, write_hub_chat_template, write_json
 
 # llava-1.5's hub template, in its shape: role prefixes, the images of a turn first, then its
 # text parts; it reads content only as a list of parts.
@@ -41,8 +42,21 @@ LLAVA_HUB_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 
-# Qwen2-VL-Instruct's template, in its shape: a default system prompt, string or part content,
-# image and video parts, "Picture N: " / "Video N: " labels when the caller passes add_vision_id.
+# One content part in the Qwen-VL-Instruct templates (Qwen2-VL's and Qwen3-VL's alike): image,
+# video ("Picture N: " / "Video N: " labels when the caller passes add_vision_id) or text.
+QWEN_VL_HUB_PART = (
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+)
+
+# Qwen2-VL-Instruct's template, in its shape: a default system prompt, string or part content.
 QWEN2_VL_HUB_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}"
@@ -51,38 +65,21 @@ QWEN2_VL_HUB_TEMPLATE = (
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
     "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}"
+    + QWEN_VL_HUB_PART
+    + "{% endfor %}<|im_end|>\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Qwen3-VL-Instruct's template, in its shape: no default system prompt, string or part content,
-# image and video parts, "Picture N: " labels when the caller passes add_vision_id.
+# Qwen3-VL-Instruct's template, in its shape: no default system prompt, string or part content.
 QWEN3_VL_HUB_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}"
-    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n"
+    + QWEN_VL_HUB_PART
+    + "{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -107,51 +104,33 @@ QWEN2_VL_SAMPLING_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _edit_json(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
 def _drop_templates(out: Path) -> None:
     """Remove the chat template from every file that can hold one."""
     for name in ("chat_template.jinja", "chat_template.json"):
         (out / name).unlink(missing_ok=True)
     for name in ("tokenizer_config.json", "processor_config.json"):
         if (out / name).is_file():
-            _edit_json(out / name, lambda d: d.pop("chat_template", None))
-
-
-def _template_json(out: Path, template: str) -> None:
-    (out / "chat_template.json").write_text(
-        json.dumps({"chat_template": template}, indent=2) + "\n"
-    )
+            edit_json(out / name, lambda d: d.pop("chat_template", None))
 
 
 def _llava_hub(out: Path) -> None:
     _drop_templates(out)
-    _template_json(out, LLAVA_HUB_TEMPLATE)
+    write_json(out / "chat_template.json", {"chat_template": LLAVA_HUB_TEMPLATE})
 
 
 def _qwen2_vl_hub(out: Path) -> None:
     _drop_templates(out)
-    _template_json(out, QWEN2_VL_HUB_TEMPLATE)
-    _edit_json(
-        out / "tokenizer_config.json", lambda d: d.update(chat_template=QWEN2_VL_HUB_TEMPLATE)
-    )
+    write_hub_chat_template(out, QWEN2_VL_HUB_TEMPLATE)
 
 
 def _qwen3_vl_hub(out: Path) -> None:
     _drop_templates(out)
-    _template_json(out, QWEN3_VL_HUB_TEMPLATE)
-    _edit_json(
-        out / "tokenizer_config.json", lambda d: d.update(chat_template=QWEN3_VL_HUB_TEMPLATE)
-    )
+    write_hub_chat_template(out, QWEN3_VL_HUB_TEMPLATE)
     published = {
         "image_processor_type": "Qwen2VLImageProcessorFast",
         "processor_class": "Qwen3VLProcessor",
     }
-    _edit_json(out / "preprocessor_config.json", lambda d: d.update(published))
+    edit_json(out / "preprocessor_config.json", lambda d: d.update(published))
 
 
 def _llava_jinja(out: Path) -> None:
@@ -160,7 +139,7 @@ def _llava_jinja(out: Path) -> None:
 
 
 def _generation_config(out: Path) -> None:
-    _edit_json(out / "generation_config.json", lambda d: d.update(QWEN2_VL_SAMPLING_DEFAULTS))
+    edit_json(out / "generation_config.json", lambda d: d.update(QWEN2_VL_SAMPLING_DEFAULTS))
 
 
 # layout name -> (preset it is derived from, the edit applied to that preset's files)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import (
@@ -22,10 +22,15 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .tokenizer import IMAGE, LLAVA, SPECIAL_TOKEN_IDS, TokenizerFlavor
-
-if TYPE_CHECKING:
-    from .presets import PresetSpec
+from .build_steps import save_processor_files
+from .config_parts import crop_pinpoints, pinpoint_lists
+from .llava import (
+    LLAVA_PRESETS,
+    PresetSpec,
+    llava_processor_settings,
+    llava_projector_settings,
+)
+from .tokenizer import LLAVA, TokenizerFlavor
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,9 @@ class LlavaNextPresetSpec:
     model_class: ClassVar[type] = LlavaNextForConditionalGeneration
 
     def base(self) -> PresetSpec:
-        from .presets import PRESETS, PresetSpec  # presets.py imports this module
-
-        spec = PRESETS[self.llava]
-        assert isinstance(spec, PresetSpec)
-        return dataclasses.replace(spec, image_size=self.image_size, patch_size=self.patch_size)
+        return dataclasses.replace(
+            LLAVA_PRESETS[self.llava], image_size=self.image_size, patch_size=self.patch_size
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -62,14 +65,8 @@ class LlavaNextPresetSpec:
         config = LlavaNextConfig(
             vision_config=llava.vision_config,
             text_config=llava.text_config,
-            image_token_index=SPECIAL_TOKEN_IDS[IMAGE],
-            image_seq_length=base.num_image_tokens,
-            projector_hidden_act="gelu",
-            vision_feature_select_strategy="default",
-            vision_feature_layer=-2,
-            image_grid_pinpoints=[list(p) for p in self.grid_pinpoints],
-            multimodal_projector_bias=True,
-            tie_word_embeddings=False,
+            image_grid_pinpoints=pinpoint_lists(self.grid_pinpoints),
+            **llava_projector_settings(base),
         )
         config.dtype = torch.float32
         return config
@@ -83,34 +80,24 @@ class LlavaNextPresetSpec:
         image_processor = LlavaNextImageProcessorPil(
             size={"shortest_edge": size},
             crop_size={"height": size, "width": size},
-            image_grid_pinpoints=[list(p) for p in self.grid_pinpoints],
+            image_grid_pinpoints=pinpoint_lists(self.grid_pinpoints),
         )
         processor = LlavaNextProcessor(
             image_processor=image_processor,
             tokenizer=tokenizer,
-            patch_size=self.patch_size,
-            vision_feature_select_strategy="default",
-            chat_template=tokenizer.chat_template,
-            image_token=IMAGE,
-            num_additional_image_tokens=1,  # CLIP's CLS, which "default" drops again
+            **llava_processor_settings(self.patch_size, tokenizer),
         )
-        processor.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        image_processor.save_pretrained(out)
-
-
-def _pinpoints(crop: int, grids: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((rows * crop, cols * crop) for rows, cols in grids)
+        save_processor_files(out, tokenizer, image_processor, processor)
 
 
 NEXT_GRIDS = ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))  # llava-v1.6's pinpoints, in crops
 
 LLAVA_NEXT_PRESETS: dict[str, LlavaNextPresetSpec] = {
     # ~0.9M params, for CI: tiny-llava with 32x32 crops of 4x4 patches, <= 88 embeddings.
-    "tiny-llava-next": LlavaNextPresetSpec("tiny-llava", 32, 8, _pinpoints(32, NEXT_GRIDS)),
+    "tiny-llava-next": LlavaNextPresetSpec("tiny-llava", 32, 8, crop_pinpoints(32, NEXT_GRIDS)),
     # ~15M params, for benchmarks: tiny-llava-small's 224x224 crops of 16x16 patches; a 720p
     # image gives 850 embeddings.
     "tiny-llava-next-small": LlavaNextPresetSpec(
-        "tiny-llava-small", 224, 14, _pinpoints(224, NEXT_GRIDS)
+        "tiny-llava-small", 224, 14, crop_pinpoints(224, NEXT_GRIDS)
     ),
 }

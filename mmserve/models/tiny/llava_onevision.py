@@ -26,6 +26,15 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from .build_steps import save_processor_files, write_hub_chat_template, write_json
+from .config_parts import (
+    chatml_generation_ids,
+    crop_pinpoints,
+    pinpoint_lists,
+    qwen2_text_config,
+    siglip_vision_config,
+)
+from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT
 from .tokenizer import QWEN_SPECIAL_TOKENS, TokenizerFlavor
 
 # llava-hf/llava-onevision-qwen2-*-ov-hf's chat template, as published.
@@ -84,46 +93,20 @@ class OnevisionPresetSpec:
         return (self.image_size // self.patch_size) ** 2
 
     def make_config(self) -> LlavaOnevisionConfig:
-        vision = dict(
-            model_type="siglip_vision_model",
-            hidden_size=self.vision_hidden,
-            intermediate_size=self.vision_intermediate,
-            num_hidden_layers=self.vision_layers,
-            num_attention_heads=self.vision_heads,
-            image_size=self.image_size,
-            patch_size=self.patch_size,
-            num_channels=3,
-            hidden_act="gelu_pytorch_tanh",
-            layer_norm_eps=1e-6,
-            vision_use_head=False,
-        )
         text = dict(
             model_type="qwen2",
-            vocab_size=self.vocab_size,
-            hidden_size=self.text_hidden,
-            intermediate_size=self.text_intermediate,
-            num_hidden_layers=self.text_layers,
-            num_attention_heads=self.text_heads,
-            num_key_value_heads=self.text_kv_heads,
-            hidden_act="silu",
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=1e-6,
-            use_sliding_window=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            **qwen2_text_config(self, rope={}),
             tie_word_embeddings=False,
-            bos_token_id=None,
-            eos_token_id=IDS["<|im_end|>"],
-            pad_token_id=IDS["<|endoftext|>"],
         )
         config = LlavaOnevisionConfig(
-            vision_config=vision,
+            vision_config=siglip_vision_config(self),
             text_config=text,
             image_token_index=IDS["<image>"],
             video_token_index=IDS["<video>"],
             projector_hidden_act="gelu",
             vision_feature_select_strategy="full",
             vision_feature_layer=-1,
-            image_grid_pinpoints=[list(p) for p in self.grid_pinpoints],
+            image_grid_pinpoints=pinpoint_lists(self.grid_pinpoints),
             vision_aspect_ratio=self.vision_aspect_ratio,
             tie_word_embeddings=False,
         )
@@ -131,26 +114,17 @@ class OnevisionPresetSpec:
         return config
 
     def generation_ids(self) -> dict[str, Any]:
-        return {
-            "bos_token_id": None,
-            "eos_token_id": IDS["<|im_end|>"],
-            "pad_token_id": IDS["<|endoftext|>"],
-        }
+        return chatml_generation_ids()
 
     def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
-        """Tokenizer files, ``chat_template.json``, processor and preprocessor configs."""
+        """Tokenizer files, processor and preprocessor configs, and the chat template where the
+        hub keeps it (``chat_template.json`` and the tokenizer config)."""
         image_processor = LlavaOnevisionImageProcessorPil(
             size={"height": self.image_size, "width": self.image_size},
-            image_grid_pinpoints=[list(p) for p in self.grid_pinpoints],
+            image_grid_pinpoints=pinpoint_lists(self.grid_pinpoints),
         )
         tokenizer.chat_template = None
-        tokenizer.save_pretrained(out)
-        image_processor.save_pretrained(out)
-        # the hub's tokenizer config carries the template too (what tokenizer-only callers read)
-        config_file = out / "tokenizer_config.json"
-        tokenizer_config = json.loads(config_file.read_text())
-        tokenizer_config["chat_template"] = ONEVISION_CHAT_TEMPLATE
-        config_file.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+        save_processor_files(out, tokenizer, image_processor)
         processor_config = {
             "image_token": "<image>",
             "num_image_tokens": self.patches_per_crop,
@@ -159,14 +133,8 @@ class OnevisionPresetSpec:
             "vision_aspect_ratio": self.vision_aspect_ratio,
             "vision_feature_select_strategy": "full",
         }
-        (out / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
-        (out / "chat_template.json").write_text(
-            json.dumps({"chat_template": ONEVISION_CHAT_TEMPLATE}, indent=2) + "\n"
-        )
-
-
-def _pinpoints(crop: int, grids: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    return tuple((rows * crop, cols * crop) for rows, cols in grids)
+        write_json(out / "processor_config.json", processor_config)
+        write_hub_chat_template(out, ONEVISION_CHAT_TEMPLATE)
 
 
 ONEVISION_PRESETS: dict[str, OnevisionPresetSpec] = {
@@ -175,18 +143,9 @@ ONEVISION_PRESETS: dict[str, OnevisionPresetSpec] = {
     "tiny-llava-onevision": OnevisionPresetSpec(
         image_size=32,
         patch_size=8,
-        vision_hidden=32,
-        vision_layers=2,
-        vision_heads=2,
-        vision_intermediate=64,
-        text_hidden=128,
-        text_intermediate=256,
-        text_layers=2,
-        text_heads=4,
-        text_kv_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=4096,
-        grid_pinpoints=_pinpoints(
+        **CI_VIT,
+        **CI_TEXT,
+        grid_pinpoints=crop_pinpoints(
             32, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (2, 3), (3, 2), (3, 3))
         ),
         vision_aspect_ratio="anyres_max_4",
@@ -196,18 +155,9 @@ ONEVISION_PRESETS: dict[str, OnevisionPresetSpec] = {
     "tiny-llava-onevision-small": OnevisionPresetSpec(
         image_size=224,
         patch_size=16,
-        vision_hidden=192,
-        vision_layers=4,
-        vision_heads=4,
-        vision_intermediate=768,
-        text_hidden=512,
-        text_intermediate=896,
-        text_layers=4,
-        text_heads=8,
-        text_kv_heads=4,
-        vocab_size=4096,
-        max_position_embeddings=8192,
-        grid_pinpoints=_pinpoints(224, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1))),
+        **BENCH_VIT,
+        **BENCH_TEXT,
+        grid_pinpoints=crop_pinpoints(224, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1))),
         vision_aspect_ratio="anyres_max_9",
     ),
 }

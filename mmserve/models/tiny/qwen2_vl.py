@@ -9,9 +9,10 @@ video processor needs torchvision): ``config.json``, ``generation_config.json``,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from transformers import (
@@ -21,6 +22,9 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
+from .build_steps import save_processor_files
+from .config_parts import chatml_generation_ids, qwen2_text_config
+from .sizes import BENCH_TEXT, CI_TEXT
 from .tokenizer import QWEN2_VL, QWEN_SPECIAL_TOKEN_IDS, TokenizerFlavor
 
 IDS = QWEN_SPECIAL_TOKEN_IDS
@@ -57,13 +61,10 @@ class Qwen2VLPresetSpec:
         if sum(self.mrope_section) != half_head:
             raise ValueError(f"mrope_section {self.mrope_section} must sum to {half_head}")
 
-    def vision_config(self) -> dict[str, Any]:
+    def vision_tower_layout(self) -> dict[str, Any]:
+        """The vision config entries every Qwen-VL generation names alike."""
         return dict(
             depth=self.vision_depth,
-            embed_dim=self.vision_embed_dim,
-            hidden_size=self.text_hidden,
-            hidden_act="quick_gelu",
-            mlp_ratio=self.vision_mlp_ratio,
             num_heads=self.vision_heads,
             in_channels=3,
             patch_size=self.patch_size,
@@ -71,27 +72,25 @@ class Qwen2VLPresetSpec:
             temporal_patch_size=self.temporal_patch_size,
         )
 
-    def text_config(self) -> dict[str, Any]:
+    def vision_widths(self) -> dict[str, Any]:
+        """The vision tower widths as Qwen2.5-VL and later name them."""
         return dict(
-            vocab_size=self.vocab_size,
-            hidden_size=self.text_hidden,
-            intermediate_size=self.text_intermediate,
-            num_hidden_layers=self.text_layers,
-            num_attention_heads=self.text_heads,
-            num_key_value_heads=self.text_kv_heads,
-            hidden_act="silu",
-            max_position_embeddings=self.max_position_embeddings,
-            rms_norm_eps=1e-6,
-            use_sliding_window=False,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 1000000.0,
-                "mrope_section": list(self.mrope_section),
-            },
-            bos_token_id=None,
-            eos_token_id=IDS["<|im_end|>"],
-            pad_token_id=IDS["<|endoftext|>"],
+            hidden_size=self.vision_embed_dim,
+            out_hidden_size=self.text_hidden,
+            intermediate_size=self.vision_embed_dim * self.vision_mlp_ratio,
         )
+
+    def vision_config(self) -> dict[str, Any]:
+        return dict(
+            **self.vision_tower_layout(),
+            embed_dim=self.vision_embed_dim,
+            hidden_size=self.text_hidden,
+            hidden_act="quick_gelu",
+            mlp_ratio=self.vision_mlp_ratio,
+        )
+
+    def text_config(self) -> dict[str, Any]:
+        return qwen2_text_config(self, rope={"mrope_section": list(self.mrope_section)})
 
     def make_config(self) -> Any:
         """The HF config (``config_class``) with its vision and text sub-configs."""
@@ -108,24 +107,29 @@ class Qwen2VLPresetSpec:
         return config
 
     def generation_ids(self) -> dict[str, Any]:
-        """bos/eos/pad of ``generation_config.json`` (eos = ``<|im_end|>``, the chat turn end;
-        mmserve also honours a list of eos ids, as released checkpoints have)."""
-        return {
-            "bos_token_id": None,
-            "eos_token_id": IDS["<|im_end|>"],
-            "pad_token_id": IDS["<|endoftext|>"],
-        }
+        """bos/eos/pad of ``generation_config.json`` (mmserve also honours a list of eos ids,
+        as released checkpoints have)."""
+        return chatml_generation_ids()
 
-    def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
-        """Tokenizer files + chat template, and ``preprocessor_config.json``."""
-        tokenizer.save_pretrained(out)
-        Qwen2VLImageProcessorPil(
+    def image_processor_settings(self) -> dict[str, Any]:
+        return dict(
             min_pixels=self.min_pixels,
             max_pixels=self.max_pixels,
             patch_size=self.patch_size,
             merge_size=self.merge_size,
             temporal_patch_size=self.temporal_patch_size,
-        ).save_pretrained(out)
+        )
+
+    def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+        """Tokenizer files + chat template, and ``preprocessor_config.json``."""
+        image_processor = Qwen2VLImageProcessorPil(**self.image_processor_settings())
+        save_processor_files(out, tokenizer, image_processor)
+
+    @classmethod
+    def resized_from(cls, base: Qwen2VLPresetSpec, **changes: Any) -> Self:
+        """A spec of this class with ``base``'s sizes and limits but for ``changes``."""
+        kept = {field.name: getattr(base, field.name) for field in dataclasses.fields(base)}
+        return cls(**{**kept, **changes})
 
 
 QWEN2_VL_PRESETS: dict[str, Qwen2VLPresetSpec] = {
@@ -138,14 +142,8 @@ QWEN2_VL_PRESETS: dict[str, Qwen2VLPresetSpec] = {
         vision_depth=2,
         vision_heads=2,
         vision_mlp_ratio=2,
-        text_hidden=128,
-        text_intermediate=256,
-        text_layers=2,
-        text_heads=4,
-        text_kv_heads=2,
+        **CI_TEXT,
         mrope_section=(4, 6, 6),
-        vocab_size=2048,
-        max_position_embeddings=4096,
         min_pixels=56 * 56,
         max_pixels=448 * 448,
     ),
@@ -158,14 +156,8 @@ QWEN2_VL_PRESETS: dict[str, Qwen2VLPresetSpec] = {
         vision_depth=4,
         vision_heads=4,
         vision_mlp_ratio=4,
-        text_hidden=512,
-        text_intermediate=896,
-        text_layers=4,
-        text_heads=8,
-        text_kv_heads=4,
+        **BENCH_TEXT,
         mrope_section=(8, 12, 12),
-        vocab_size=4096,
-        max_position_embeddings=8192,
         min_pixels=56 * 56,
         max_pixels=28 * 28 * 1280,
     ),

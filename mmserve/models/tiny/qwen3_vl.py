@@ -12,17 +12,11 @@ processor need torchvision and are left out, as for Qwen2-VL).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
-from transformers import (
-    PreTrainedTokenizerFast,
-    Qwen2VLImageProcessorPil,
-    Qwen3VLConfig,
-    Qwen3VLForConditionalGeneration,
-)
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from .qwen2_vl import Qwen2VLPresetSpec
+from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
 
 HALF_MEAN_STD = [0.5, 0.5, 0.5]
 
@@ -40,16 +34,9 @@ class Qwen3VLPresetSpec(Qwen2VLPresetSpec):
 
     def vision_config(self) -> dict[str, Any]:
         return dict(
-            depth=self.vision_depth,
-            hidden_size=self.vision_embed_dim,
-            out_hidden_size=self.text_hidden,
-            intermediate_size=self.vision_embed_dim * self.vision_mlp_ratio,
+            **self.vision_tower_layout(),
+            **self.vision_widths(),
             hidden_act="gelu_pytorch_tanh",
-            num_heads=self.vision_heads,
-            in_channels=3,
-            patch_size=self.patch_size,
-            spatial_merge_size=self.merge_size,
-            temporal_patch_size=self.temporal_patch_size,
             num_position_embeddings=self.num_position_embeddings,
             deepstack_visual_indexes=list(self.deepstack_visual_indexes),
         )
@@ -67,63 +54,36 @@ class Qwen3VLPresetSpec(Qwen2VLPresetSpec):
         }
         return config
 
-    def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
-        tokenizer.save_pretrained(out)
-        Qwen2VLImageProcessorPil(
-            min_pixels=self.min_pixels,
-            max_pixels=self.max_pixels,
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            temporal_patch_size=self.temporal_patch_size,
+    def image_processor_settings(self) -> dict[str, Any]:
+        return dict(
+            **super().image_processor_settings(),
             image_mean=HALF_MEAN_STD,
             image_std=HALF_MEAN_STD,
-        ).save_pretrained(out)
+        )
 
 
 QWEN3_VL_PRESETS: dict[str, Qwen3VLPresetSpec] = {
-    # ~1M params, for CI: DeepStack from vision layers 0 and 1 into decoder layers 0 and 1 of
-    # 3; a 4 x 4 position grid, so every image resamples it. 32x32 pixels per embedding;
-    # max_pixels 512*512 -> <= 256 embeddings.
-    "tiny-qwen3-vl": Qwen3VLPresetSpec(
+    # ~1M params, for CI: tiny-qwen2-vl with 3 vision and 3 decoder layers, DeepStack from
+    # vision layers 0 and 1 into decoder layers 0 and 1; a 4 x 4 position grid, so every image
+    # resamples it. 32x32 pixels per embedding; max_pixels 512*512 -> <= 256 embeddings.
+    "tiny-qwen3-vl": Qwen3VLPresetSpec.resized_from(
+        QWEN2_VL_PRESETS["tiny-qwen2-vl"],
         patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        vision_embed_dim=32,
         vision_depth=3,
-        vision_heads=2,
-        vision_mlp_ratio=2,
-        text_hidden=128,
-        text_intermediate=256,
         text_layers=3,
-        text_heads=4,
-        text_kv_heads=2,
         mrope_section=(6, 5, 5),
-        vocab_size=2048,
-        max_position_embeddings=4096,
         min_pixels=64 * 64,
         max_pixels=512 * 512,
         num_position_embeddings=16,
         deepstack_visual_indexes=(0, 1),
     ),
-    # ~19M params, for benchmarks: sized like tiny-qwen2.5-vl-small, three DeepStack layers
+    # ~19M params, for benchmarks: sized like tiny-qwen2-vl-small, three DeepStack layers
     # (as released), the released processor limits (65536 to 16777216 pixels: up to 16384
     # embeddings, more than its 8192 positions; the benchmarks cap max_pixels).
-    "tiny-qwen3-vl-small": Qwen3VLPresetSpec(
+    "tiny-qwen3-vl-small": Qwen3VLPresetSpec.resized_from(
+        QWEN2_VL_PRESETS["tiny-qwen2-vl-small"],
         patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        vision_embed_dim=192,
-        vision_depth=4,
-        vision_heads=4,
-        vision_mlp_ratio=4,
-        text_hidden=512,
-        text_intermediate=896,
-        text_layers=4,
-        text_heads=8,
-        text_kv_heads=4,
         mrope_section=(12, 10, 10),
-        vocab_size=4096,
-        max_position_embeddings=8192,
         min_pixels=65536,
         max_pixels=16777216,
         num_position_embeddings=2304,
