@@ -68,7 +68,8 @@ function piecesLabel(pieces) {
   const total = counts.reduce((sum, [, n]) => sum + n, 0);
   if (total < 2) return "";
   if (counts.length < 2) return `; ${total} pieces`;
-  const parts = counts.map(([source, n]) => `${n} ${(SOURCES[source] || [0, source])[1]}`);
+  const words = (source) => (Object.hasOwn(SOURCES, source) ? SOURCES[source][1] : source);
+  const parts = counts.map(([source, n]) => `${n} ${words(source)}`);
   return `; ${total} pieces: ${parts.join(", ")}`;
 }
 
