@@ -11,7 +11,7 @@ vision, Gemma 3 text with local/global ``layer_types``), ``generation_config.jso
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,7 +26,7 @@ from transformers import (
 
 from .build_steps import save_processor_files
 from .config_parts import decoder_sizes, siglip_vision_config
-from .sizes import BENCH_VIT, CI_VIT
+from .sizes import BENCH_VIT, CI_VIT, TextSizes, VitSizes
 from .tokenizer import TokenizerFlavor
 
 GEMMA3_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -85,26 +85,15 @@ GEMMA3 = TokenizerFlavor(
 
 
 @dataclass(frozen=True)
-class Gemma3PresetSpec:
+class Gemma3PresetSpec(VitSizes, TextSizes):
     """Architecture of one Gemma 3 preset (SigLIP vision + Gemma 3 text)."""
 
     image_size: int
     patch_size: int
     mm_tokens_per_image: int
-    vision_hidden: int
-    vision_layers: int
-    vision_heads: int
-    vision_intermediate: int
-    text_hidden: int
-    text_intermediate: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
     head_dim: int
     sliding_window: int
     sliding_window_pattern: int  # every n-th layer is global, the others local
-    vocab_size: int
-    max_position_embeddings: int
     # released Gemma 3 ties lm_head to the embeddings; tiny random weights tied that way
     # greedily repeat the last input token (the residual is mostly its scaled embedding)
     tie_word_embeddings: bool
@@ -192,7 +181,7 @@ GEMMA3_PRESETS: dict[str, Gemma3PresetSpec] = {
         image_size=32,
         patch_size=4,
         mm_tokens_per_image=16,
-        **CI_VIT,
+        **asdict(CI_VIT),
         text_hidden=128,
         text_intermediate=256,
         text_layers=3,
@@ -211,7 +200,7 @@ GEMMA3_PRESETS: dict[str, Gemma3PresetSpec] = {
         image_size=224,
         patch_size=14,
         mm_tokens_per_image=64,
-        **BENCH_VIT,
+        **asdict(BENCH_VIT),
         text_hidden=512,
         text_intermediate=768,
         text_layers=6,

@@ -8,7 +8,7 @@ The layout is that of ``llava-hf/llava-1.5-*-hf``: ``config.json`` (``LlavaConfi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,27 +25,16 @@ from transformers import (
 
 from .build_steps import save_processor_files
 from .config_parts import decoder_sizes
-from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT
+from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT, TextSizes, VitSizes
 from .tokenizer import BOS, EOS, IMAGE, LLAVA, PAD, SPECIAL_TOKEN_IDS, TokenizerFlavor
 
 
 @dataclass(frozen=True)
-class PresetSpec:
+class PresetSpec(VitSizes, TextSizes):
     """Architecture of one preset (CLIP vision tower + LLaMA text model)."""
 
     image_size: int
     patch_size: int
-    vision_hidden: int
-    vision_layers: int
-    vision_heads: int
-    vision_intermediate: int
-    text_hidden: int
-    text_intermediate: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
-    vocab_size: int
-    max_position_embeddings: int
 
     flavor: ClassVar[TokenizerFlavor] = LLAVA
     model_class: ClassVar[type] = LlavaForConditionalGeneration
@@ -135,7 +124,9 @@ def llava_processor_settings(patch_size: int, tokenizer: PreTrainedTokenizerFast
 
 LLAVA_PRESETS: dict[str, PresetSpec] = {
     # ~0.87M params, for CI. 64x64 images, 4x4 patches -> 256 image tokens.
-    "tiny-llava": PresetSpec(image_size=64, patch_size=4, **CI_VIT, **CI_TEXT),
+    "tiny-llava": PresetSpec(image_size=64, patch_size=4, **asdict(CI_VIT), **asdict(CI_TEXT)),
     # ~15M params, for benchmarks. 224x224 images, 14x14 patches -> 256 image tokens.
-    "tiny-llava-small": PresetSpec(image_size=224, patch_size=14, **BENCH_VIT, **BENCH_TEXT),
+    "tiny-llava-small": PresetSpec(
+        image_size=224, patch_size=14, **asdict(BENCH_VIT), **asdict(BENCH_TEXT)
+    ),
 }

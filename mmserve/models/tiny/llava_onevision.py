@@ -12,7 +12,7 @@ and ``<video>`` added, the hub's chat template (images first, then text; parts o
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,7 +34,7 @@ from .config_parts import (
     qwen2_text_config,
     siglip_vision_config,
 )
-from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT
+from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT, TextSizes, VitSizes
 from .tokenizer import QWEN_SPECIAL_TOKENS, TokenizerFlavor
 
 # llava-hf/llava-onevision-qwen2-*-ov-hf's chat template, as published.
@@ -65,23 +65,12 @@ IDS = {tok: i for i, tok in enumerate(ONEVISION_SPECIAL_TOKENS)}
 
 
 @dataclass(frozen=True)
-class OnevisionPresetSpec:
+class OnevisionPresetSpec(VitSizes, TextSizes):
     """Architecture and anyres settings of one LLaVA-OneVision preset; pinpoints are
     (height, width) multiples of ``image_size``."""
 
     image_size: int
     patch_size: int
-    vision_hidden: int
-    vision_layers: int
-    vision_heads: int
-    vision_intermediate: int
-    text_hidden: int
-    text_intermediate: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
-    vocab_size: int
-    max_position_embeddings: int
     grid_pinpoints: tuple[tuple[int, int], ...]
     vision_aspect_ratio: str
 
@@ -143,8 +132,8 @@ ONEVISION_PRESETS: dict[str, OnevisionPresetSpec] = {
     "tiny-llava-onevision": OnevisionPresetSpec(
         image_size=32,
         patch_size=8,
-        **CI_VIT,
-        **CI_TEXT,
+        **asdict(CI_VIT),
+        **asdict(CI_TEXT),
         grid_pinpoints=crop_pinpoints(
             32, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1), (2, 3), (3, 2), (3, 3))
         ),
@@ -155,8 +144,8 @@ ONEVISION_PRESETS: dict[str, OnevisionPresetSpec] = {
     "tiny-llava-onevision-small": OnevisionPresetSpec(
         image_size=224,
         patch_size=16,
-        **BENCH_VIT,
-        **BENCH_TEXT,
+        **asdict(BENCH_VIT),
+        **asdict(BENCH_TEXT),
         grid_pinpoints=crop_pinpoints(224, ((1, 1), (1, 2), (2, 1), (2, 2), (1, 3), (3, 1))),
         vision_aspect_ratio="anyres_max_9",
     ),

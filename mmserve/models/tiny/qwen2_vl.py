@@ -10,7 +10,7 @@ video processor needs torchvision): ``config.json``, ``generation_config.json``,
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -24,14 +24,14 @@ from transformers import (
 
 from .build_steps import save_processor_files
 from .config_parts import chatml_generation_ids, qwen2_text_config
-from .sizes import BENCH_TEXT, CI_TEXT
+from .sizes import BENCH_TEXT, CI_TEXT, TextSizes
 from .tokenizer import QWEN2_VL, QWEN_SPECIAL_TOKEN_IDS, TokenizerFlavor
 
 IDS = QWEN_SPECIAL_TOKEN_IDS
 
 
 @dataclass(frozen=True)
-class Qwen2VLPresetSpec:
+class Qwen2VLPresetSpec(TextSizes):
     """Architecture and image-processor limits of one Qwen2-VL preset."""
 
     patch_size: int
@@ -41,14 +41,7 @@ class Qwen2VLPresetSpec:
     vision_depth: int
     vision_heads: int
     vision_mlp_ratio: int
-    text_hidden: int
-    text_intermediate: int
-    text_layers: int
-    text_heads: int
-    text_kv_heads: int
     mrope_section: tuple[int, int, int]
-    vocab_size: int
-    max_position_embeddings: int
     min_pixels: int
     max_pixels: int
 
@@ -142,7 +135,7 @@ QWEN2_VL_PRESETS: dict[str, Qwen2VLPresetSpec] = {
         vision_depth=2,
         vision_heads=2,
         vision_mlp_ratio=2,
-        **CI_TEXT,
+        **asdict(CI_TEXT),
         mrope_section=(4, 6, 6),
         min_pixels=56 * 56,
         max_pixels=448 * 448,
@@ -156,7 +149,7 @@ QWEN2_VL_PRESETS: dict[str, Qwen2VLPresetSpec] = {
         vision_depth=4,
         vision_heads=4,
         vision_mlp_ratio=4,
-        **BENCH_TEXT,
+        **asdict(BENCH_TEXT),
         mrope_section=(8, 12, 12),
         min_pixels=56 * 56,
         max_pixels=28 * 28 * 1280,

@@ -1,12 +1,16 @@
 """The sizes the presets of every family share: one set for the CI presets, one for the
-benchmark ("-small") presets. Spread into a spec (``**CI_TEXT``) where a family uses them."""
+benchmark ("-small") presets. The spec classes inherit these fields; a preset spreads a set
+into its spec (``**asdict(CI_TEXT)``) where its family uses it."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from dataclasses import dataclass
 
 
-class TextSizes(TypedDict):
+@dataclass(frozen=True)
+class TextSizes:
+    """Of the language model."""
+
     text_hidden: int
     text_intermediate: int
     text_layers: int
@@ -16,7 +20,8 @@ class TextSizes(TypedDict):
     max_position_embeddings: int
 
 
-class VitSizes(TypedDict):
+@dataclass(frozen=True)
+class VitSizes:
     """Of a CLIP or SigLIP tower."""
 
     vision_hidden: int
