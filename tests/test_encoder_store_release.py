@@ -4,6 +4,7 @@ answers stay those of the store-off engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -131,3 +132,25 @@ def test_one_write_per_distinct_image_and_rewrites_after_the_store_lost_them(tmp
     metrics = llm.get_metrics()
     assert metrics["encoder_images_encoded"] == 6 and metrics["encoder_store_writes"] == 4
     assert len(list((tmp_path / "store").glob("*/*.mmes"))) == 2
+
+
+def test_a_stored_embedding_that_does_not_fit_is_encoded_and_reported_encoded(tmp_path, images):
+    """The worker encodes a planned load whose stored tensor does not fit its placeholder; the
+    answer is the store-off engine's and ``usage.mm_inputs`` says "encoded", not "store"."""
+    store = fill_store(tmp_path, images[:1])
+    engine = LLMEngine.from_args("tiny-llava", encoder_store_dir=store)
+    processed = engine.process_inputs(PROMPT, [images[0]])
+    engine.wait_for_store([processed])
+    request = engine.scheduler.requests[engine.add_processed(processed, LONG)]
+    item = request.mm_items[0]
+    assert item.stored is not None
+    request.mm_items[0] = dataclasses.replace(item, stored=item.stored[:-1])  # a row short
+    final = None
+    while engine.has_unfinished_requests():
+        final = next((o for o in engine.step() if o.finished), final)
+    assert final is not None
+    metrics = engine.get_metrics()
+    assert metrics["encoder_store_load_failures"] == 1 and metrics["encoder_images_encoded"] == 1
+    assert [(u.modality, u.source) for u in final.media_usage] == [("image", "encoded")]
+    expected = answers(LLM("tiny-llava"), [{"prompt": PROMPT, "images": [images[0]]}])[0]
+    assert final.outputs[0].token_ids == expected

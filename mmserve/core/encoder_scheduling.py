@@ -190,6 +190,18 @@ def release_finished_occurrences(
             cache.release(key, request.req_id)
 
 
+def note_worker_encodes(request: Request, num_scheduled: int, keys: frozenset[str]) -> None:
+    """After a step that ran: the items in its range whose key the worker encoded though the
+    plan loaded them or found them cached (``ModelRunnerOutput.encoded_instead``) were
+    encoded."""
+    if not keys:
+        return
+    start, end = request.num_computed_tokens - num_scheduled, request.num_computed_tokens
+    for idx, item in enumerate(request.mm_items):
+        if item.key in keys and item.offset < end and item.offset + item.length > start:
+            request.note_mm_source(idx, EmbeddingSource.ENCODED)
+
+
 def drop_reached_stored(request: Request) -> None:
     """After a step that ran: the items the request has reached (their first token computed,
     in this step or in a prefix hit) stop holding the encoder store's host tensor, and so do

@@ -89,3 +89,6 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     encoder_seconds: float = 0.0
     num_images_encoded: int = 0
+    # item keys the worker encoded though the step loaded them or found them cached (a stored
+    # embedding that did not fit its placeholder, a gather miss)
+    encoded_instead: frozenset[str] = frozenset()

@@ -11,6 +11,7 @@ from mmserve.core.encoder_scheduling import (
     commit_encoder_plan,
     drop_reached_stored,
     note_prefix_hits,
+    note_worker_encodes,
     plan_encoder_inputs,
     release_finished_occurrences,
 )
@@ -283,6 +284,7 @@ class Scheduler:
             if request is None:
                 continue  # aborted while the step ran
             release_finished_occurrences(request, num_scheduled, self.encoder_cache)
+            note_worker_encodes(request, num_scheduled, result.encoded_instead)
             drop_reached_stored(request)
             prompt_logprobs = result.prompt_logprobs.get(req_id)
             if prompt_logprobs is not None:

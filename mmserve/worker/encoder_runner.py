@@ -35,7 +35,8 @@ class EncoderRunner:
     disagree: each is encoded again, outside the step's budget, and logged). A scheduled
     *load* copies the item's ``stored`` embedding in (to CUDA from pinned memory without
     blocking; on CPU the stored tensor itself is the entry); one that does not fit its
-    placeholder is encoded instead in the same step (``num_load_failures``). The scheduler
+    placeholder is encoded instead in the same step (``num_load_failures``); the step's
+    ``encoded_instead`` names those and the gather misses' keys. The scheduler
     drops ``stored`` once the step ran, so an entry evicted and needed again is scheduled as
     an encode, never as a load. ``sink`` (None: no store) hears of every encoded and every
     evicted embedding.
@@ -53,9 +54,11 @@ class EncoderRunner:
         self.num_embeddings_computed = 0
         self.num_gather_misses = 0
         self._encoded_this_step: list[str] = []
+        self.encoded_instead: set[str] = set()
 
     def begin_step(self) -> None:
         self._encoded_this_step = []
+        self.encoded_instead = set()
 
     def drop_step_encodes(self) -> None:
         """The step failed: forget what it encoded (the scheduler forgets the entries too)."""
@@ -85,6 +88,7 @@ class EncoderRunner:
             if stored is None or stored.dim() != 2 or stored.shape[0] != item.length:
                 logger.warning("stored embedding of %s does not fit: encoding it", item.key)
                 self.num_load_failures += 1
+                self.encoded_instead.add(item.key)
                 failed.append(item)
                 continue
             self.embeddings[item.key] = to_device(stored, self.device)
@@ -124,6 +128,7 @@ class EncoderRunner:
         if emb is None:
             logger.error("image %s missing at gather: encoding it again", item.key)
             self.num_gather_misses += 1
+            self.encoded_instead.add(item.key)
             self.encode([item])
             emb = self.embeddings[item.key]
         return emb[start - item.offset : end - item.offset]

@@ -213,6 +213,7 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             encoder_seconds=self.encoder.encoder_seconds - seconds,
             num_images_encoded=self.encoder.num_images_encoded - images,
+            encoded_instead=frozenset(self.encoder.encoded_instead),
         )
 
     def _prompt_logprobs(
