@@ -25,19 +25,12 @@ from types import ModuleType
 
 import torch
 
+from mmserve.bench.priority import add_priority_arg, apply_priority
 from mmserve.layers import attention_torch as current
 
 BEFORE = "f6ed2dd"  # the last commit whose local layers gathered the whole context
 HEADS, KV_HEADS, HEAD_DIM, WINDOW, BLOCK = 8, 4, 256, 1024, 16
 CONTEXT, DECODES, CHUNK = 8192, 4, 256
-
-
-def raise_priority() -> None:
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write("-20")
-    except OSError:
-        print("(could not raise the scheduling priority: timings may include other load)")
 
 
 def module_before(folder: Path) -> ModuleType:
@@ -58,8 +51,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
+    add_priority_arg(parser)
     args = parser.parse_args()
-    raise_priority()
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (the spread needs quartiles)")
+    apply_priority(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     seqs = [(CONTEXT, 1)] * DECODES + [(CONTEXT, CHUNK)]

@@ -25,16 +25,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mmserve.bench.priority import add_priority_arg, apply_priority
 from mmserve.engine.loading import build_model_config, load_image_processor, load_model
 from mmserve.multimodal.image_prep import IMAGE_INPUTS
-
-
-def raise_priority() -> None:
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write("-20")
-    except OSError:
-        print("(could not raise the scheduling priority: timings may include other load)")
 
 
 def transformers_encoder(name: str, path: Any) -> Callable[[list[Any]], list[torch.Tensor]]:
@@ -69,10 +62,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    add_priority_arg(parser)
     args = parser.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(args.threads)
-    raise_priority()
+    apply_priority(args)
     rng = np.random.default_rng(0)
     for name in args.models.split(","):
         cfg = build_model_config(name)
