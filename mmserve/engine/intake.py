@@ -14,7 +14,7 @@ from mmserve.engine.fanout import FanOut, child_params
 from mmserve.engine.generation_defaults import default_max_tokens
 from mmserve.engine.grammar import GrammarCompiler
 from mmserve.engine.output_processor import OutputProcessor
-from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
+from mmserve.engine.prompt_limits import checked_prompt
 from mmserve.inputs import MultiModalItem, ProcessedPrompt
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import Request
@@ -67,13 +67,11 @@ class RequestIntake:
         ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
         prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
         engine's image processor settings for this prompt's images (part of their keys)."""
-        check_cache_salt(cache_salt)
-        processed = self.processor.process(
-            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-        )
-        processed.cache_salt = cache_salt
-        check_prompt_fits(
-            processed,
+        processed = checked_prompt(
+            lambda: self.processor.process(
+                prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+            ),
+            cache_salt,
             self.max_model_len,
             self.scheduler.encoder_cache.capacity,
             self.scheduler.encoder_compute_budget,  # the one budget: what each step may encode

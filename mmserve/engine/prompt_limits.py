@@ -3,7 +3,25 @@ ingress): a valid tenant salt, room to generate, items that fit the encoder budg
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mmserve.inputs import ProcessedPrompt
+
+
+def checked_prompt(
+    process: Callable[[], ProcessedPrompt],
+    cache_salt: str | None,
+    max_model_len: int,
+    encoder_cache_capacity: int,
+    encoder_budget: int,
+) -> ProcessedPrompt:
+    """``process()`` (the processor on one prompt) between the checks, in the one order both
+    admission paths use: the salt before any work, the sizes after; the salt is recorded."""
+    check_cache_salt(cache_salt)
+    processed = process()
+    processed.cache_salt = cache_salt
+    check_prompt_fits(processed, max_model_len, encoder_cache_capacity, encoder_budget)
+    return processed
 
 
 def check_cache_salt(cache_salt: object) -> None:

@@ -11,7 +11,7 @@ from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.generation_defaults import build_sampling_params
 from mmserve.engine.grammar import GrammarCompiler
 from mmserve.engine.loading import create_engine_config, load_image_processor, load_tokenizer
-from mmserve.engine.prompt_limits import check_cache_salt, check_prompt_fits
+from mmserve.engine.prompt_limits import checked_prompt
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.fetch_policy import MediaFetchPolicy
@@ -68,15 +68,15 @@ class FrontendEngine:
         videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """``LLMEngine.process_inputs``: the same processor and the same refusals."""
-        check_cache_salt(cache_salt)
-        processed = self.processor.process(
-            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+        return checked_prompt(
+            lambda: self.processor.process(
+                prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
+            ),
+            cache_salt,
+            self.max_model_len,
+            self.encoder_cache_capacity,
+            self.encoder_budget,
         )
-        processed.cache_salt = cache_salt
-        check_prompt_fits(
-            processed, self.max_model_len, self.encoder_cache_capacity, self.encoder_budget
-        )
-        return processed
 
     def default_sampling_params(self) -> SamplingParams:
         values = {k: v for k, v in self.generation_defaults.items() if k != "max_tokens"}
