@@ -234,3 +234,18 @@ def test_a_video_is_encoded_in_pieces_then_cached(browser, video_server, video_f
     assert len(second["sources"]) == 1 and second["sources"][0] in CACHED
     assert int(second["stats"]["cached_tokens"].split()[-1]) > 0
     assert browser.save_screenshot(str(ARTIFACTS / "playground-video.png"))
+
+
+def test_a_broken_video_is_refused_and_returned_to_the_composer(
+    browser, video_server, tmp_path
+) -> None:
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"not a video" * 100)
+    open_page(browser, video_server)
+    browser.find_element(By.ID, "new-chat").click()
+    browser.find_element(By.ID, "file-input").send_keys(str(broken))
+    wait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#attachments .chip video"))
+    refused = send(browser, "What happens?")
+    assert refused["error"] and "video" in refused["text"].lower(), refused["text"]
+    assert browser.find_elements(By.CSS_SELECTOR, "#attachments .chip video")  # back for a retry
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "What happens?"
