@@ -75,3 +75,36 @@ def test_min_tokens_and_stop_token_ids(llm):
 def test_token_ids_outside_the_vocabulary_are_refused(llm):
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate(PROMPT, SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
+
+
+def _stop_cut_after_min_tokens(tokenizer, ids: list[int], stop: str, min_tokens: int):
+    """vLLM's rule, token by token: the first stop string found in text that the tokens after
+    the first ``min_tokens`` added (with ``len(stop) - 1`` characters of overlap before it)."""
+    for k in range(min_tokens + 1, len(ids) + 1):
+        before = tokenizer.decode(ids[: k - 1], skip_special_tokens=True)
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        cut = text.find(stop, max(0, len(before) - len(stop) + 1))
+        if cut >= 0:
+            return ids[:k], text[:cut]
+    return None
+
+
+def test_min_tokens_holds_back_stop_strings(llm):
+    """A stop string in the first min_tokens tokens' text does not end the request (vLLM's
+    test_min_tokens_with_stop); one in later text does, and cuts there."""
+    min_tokens, held = 10, SamplingParams(temperature=0, max_tokens=40, min_tokens=10)
+    full = llm.generate(PROMPT, held, use_tqdm=False)[0].outputs[0]
+    tokenizer = llm.get_tokenizer()
+    early = tokenizer.decode(full.token_ids[:2], skip_special_tokens=True).split()[-1]
+    assert early in full.text
+    plain = SamplingParams(temperature=0, max_tokens=40, stop=[early])
+    assert len(llm.generate(PROMPT, plain, use_tqdm=False)[0].outputs[0].token_ids) <= 2
+    params = SamplingParams(temperature=0, max_tokens=40, min_tokens=min_tokens, stop=[early])
+    out = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) > min_tokens
+    expected = _stop_cut_after_min_tokens(tokenizer, full.token_ids, early, min_tokens)
+    if expected is None:
+        assert (out.token_ids, out.text, out.finish_reason) == (full.token_ids, full.text, "length")
+    else:
+        assert (out.token_ids, out.text, out.finish_reason) == (*expected, "stop")
+    assert_no_leaks(llm)

@@ -173,3 +173,26 @@ def test_completion_logprobs_shape(client: OpenAI) -> None:
     assert lp.top_logprobs is not None
     for token, value, top in zip(lp.tokens, lp.token_logprobs or [], lp.top_logprobs, strict=True):
         assert top[token] == value and 2 <= len(top) <= 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_holds_back_stop_strings(client: OpenAI, llm: LLM, stream: bool) -> None:
+    """Streaming or not, a stop string is not looked for until min_tokens tokens exist: the
+    server answers what the offline API does, and more than the stop string alone allows."""
+    first = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    stop = first[0].outputs[0].text.split()[-1]
+    params = SamplingParams(temperature=0, max_tokens=30, min_tokens=12, stop=[stop])
+    ref = llm.chat(MESSAGES, params, use_tqdm=False)[0].outputs[0]
+    assert len(ref.token_ids) > 12
+    kwargs = {"temperature": 0, "max_tokens": 30, "stop": [stop], "extra_body": {"min_tokens": 12}}
+    if stream:
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True, **kwargs
+        )
+        pieces = [(c.choices[0].delta.content or "", c.choices[0].finish_reason) for c in chunks]
+        text = "".join(p for p, _ in pieces)
+        finish = [f for _, f in pieces if f][-1]
+    else:
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, **kwargs)
+        text, finish = reply.choices[0].message.content, reply.choices[0].finish_reason
+    assert (text, finish) == (ref.text, ref.finish_reason)

@@ -17,7 +17,8 @@ class OutputProcessor:
     """Turns requests the engine stepped into ``RequestOutput``s.
 
     Invariants: text is detokenized incrementally and stop strings are searched only in text
-    added since the last output (``text_lengths``); a stop string found ends the request through
+    added since the last output (``text_lengths``), and only once more than ``min_tokens``
+    tokens exist (vLLM's rule); a stop string found ends the request through
     ``finish`` and cuts the text before it; an ended request leaves no state here.
     """
 
@@ -61,7 +62,9 @@ class OutputProcessor:
         else:
             text = self.detokenizer.update(request.req_id, ids)
         stops = request.sampling_params.stop
-        if stops:
+        # vLLM's rule: stop strings are not looked for until more than min_tokens tokens
+        # exist; text of the first min_tokens tokens is marked searched and never cut.
+        if stops and len(ids) > request.sampling_params.min_tokens:
             longest = max(len(s) for s in stops)
             cut = Detokenizer.find_stop(text, stops, max(0, previous - longest + 1))
             if cut is not None:
