@@ -30,6 +30,7 @@ from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTO
 from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
 from tests.conftest import make_image  # noqa: E402
 from tests.openai_server import serve_model  # noqa: E402
+from tests.video_chat import VIDEO_PRESETS, offline_answer, served_answer  # noqa: E402
 
 MODEL = "tiny-llava"
 REPLICAS = 2
@@ -52,7 +53,8 @@ def user_turn(seeds: list[int], text: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """Ray (3 CPUs, 127.0.0.1, no dashboard), Serve's proxy on a free port, the app deployed."""
-    ray.init(num_cpus=REPLICAS + 1, include_dashboard=False, _node_ip_address="127.0.0.1")
+    cpus = REPLICAS + 2  # the ingress, and one replica of a video app beside the main one
+    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -240,6 +242,18 @@ def test_a_metrics_scrape_alone_shows_fresh_encodes_and_routing(cluster: str) ->
     assert len(in_flight) == REPLICAS
     assert after[("mmserve_cluster_replicas_reporting", ())] == REPLICAS
     assert 0 <= after[("mmserve_cluster_stats_age_seconds", ())] < 5
+
+
+@pytest.mark.parametrize("model", VIDEO_PRESETS)
+def test_a_video_chat_answers_as_the_offline_api(cluster: str, model: str) -> None:
+    """The ingress admits videos as a single server does (the same limits, the preset's own
+    template) and a replica answers what the offline API does."""
+    settings = {"model": model, "replicas": 1, "media_workers": 0}
+    serve.run(build_app(namespace_from_config(settings)), name="video", route_prefix="/video")
+    try:
+        assert served_answer(f"{cluster}/video", model) == offline_answer(model)
+    finally:
+        serve.delete("video")
 
 
 # ---- the shared encoder store (issue 17); last in this module: it replaces the app above ----

@@ -26,7 +26,7 @@ from tests.video_helpers import frame_index, make_video
 MODEL = "tiny-qwen2-vl"
 VIDEO = make_video(90, 30)
 VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(VIDEO).decode()
-# Qwen2-VL's own template's content loop (the tiny preset's template renders images only)
+# Qwen2-VL's own template's content loop, given with --chat-template
 TEMPLATE = (
     "{%- for message in messages -%}<|im_start|>{{ message['role'] }}\n"
     "{%- if message['content'] is string -%}{{ message['content'] }}{%- else -%}"

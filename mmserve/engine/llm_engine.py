@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -12,22 +11,19 @@ import torch
 from mmserve.config import EngineConfig
 from mmserve.core.progress import ProgressMonitor
 from mmserve.engine.cache_setup import allocate_kv_cache, build_scheduler, size_caches
-from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.detokenizer import Detokenizer
 from mmserve.engine.engine_metrics import read_engine_metrics
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.fanout import FanOut
-from mmserve.engine.generation_defaults import build_sampling_params, describe_defaults
 from mmserve.engine.grammar import GrammarCompiler
 from mmserve.engine.intake import RequestIntake
 from mmserve.engine.loading import (
     create_engine_config,
-    load_image_processor,
     load_model,
-    load_tokenizer,
     torch_dtype,
 )
 from mmserve.engine.malloc_tuning import tune_malloc
+from mmserve.engine.model_front import ModelFront
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.stall import default_stall_steps, stall_message
@@ -36,7 +32,6 @@ from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.layers.attention import select_attention_backend
 from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.processor import InputProcessor
 from mmserve.request import RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.store import EncoderStore, open_encoder_store
@@ -63,28 +58,14 @@ class LLMEngine:
         mc, sc = config.model, config.scheduler
         torch.manual_seed(config.seed)
         self.device = torch.device(device or config.device)
-        self.tokenizer = load_tokenizer(mc.path)
+        front = ModelFront.load(
+            config, media_policy or MediaFetchPolicy(allowed_local_path=allowed_local_path)
+        )
+        self.front = front
+        self.tokenizer, self.processor = front.tokenizer, front.processor
+        self.chat_template = front.chat_template
+        self.generation_defaults = front.generation_defaults
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.chat_template = ChatTemplate.of(
-            mc.chat_template, mc.chat_template_source, getattr(mc.hf_config, "model_type", None)
-        )
-        self.generation_defaults = dict(mc.generation_defaults)
-        logger.info(
-            "chat template: %s (content format %s)",
-            self.chat_template.source,
-            self.chat_template.content_format,
-        )
-        logger.info(describe_defaults(self.generation_defaults, mc.path.name))
-        image_processor = load_image_processor(mc.path, mc.processor_kwargs)
-        self.processor = InputProcessor(
-            mc,
-            self.tokenizer,
-            image_processor,
-            sc.max_images_per_prompt,
-            media_policy or MediaFetchPolicy(allowed_local_path=allowed_local_path),
-            functools.partial(load_image_processor, mc.path),
-            sc.max_videos_per_prompt,
-        )
         self.model = load_model(mc, self.device)
         with torch.inference_mode():  # the logits width, which token ids in requests must fit
             probe = torch.zeros(1, mc.hidden_size, dtype=torch_dtype(mc.dtype), device=self.device)
@@ -206,9 +187,7 @@ class LLMEngine:
         )
 
     def default_sampling_params(self) -> SamplingParams:
-        """The generation config's defaults (``max_tokens`` unset: sized per prompt)."""
-        values = {k: v for k, v in self.generation_defaults.items() if k != "max_tokens"}
-        return build_sampling_params(values)
+        return self.front.default_sampling_params()
 
     def add_request(
         self,

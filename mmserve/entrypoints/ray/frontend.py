@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.generation_defaults import build_sampling_params
 from mmserve.engine.grammar import GrammarCompiler
-from mmserve.engine.loading import create_engine_config, load_image_processor, load_tokenizer
+from mmserve.engine.loading import create_engine_config
+from mmserve.engine.model_front import ModelFront
 from mmserve.engine.prompt_limits import checked_prompt
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams
 
 
@@ -39,19 +36,10 @@ class FrontendEngine:
     ) -> None:
         self.config = create_engine_config(settings)
         mc = self.config.model
-        self.tokenizer = load_tokenizer(mc.path)
-        self.chat_template = ChatTemplate.of(
-            mc.chat_template, mc.chat_template_source, getattr(mc.hf_config, "model_type", None)
-        )
-        self.generation_defaults = dict(mc.generation_defaults)
-        self.processor = InputProcessor(
-            mc,
-            self.tokenizer,
-            load_image_processor(mc.path, mc.processor_kwargs),
-            self.config.scheduler.max_images_per_prompt,
-            media_policy,
-            functools.partial(load_image_processor, mc.path),
-        )
+        self.front = ModelFront.load(self.config, media_policy)
+        self.tokenizer, self.processor = self.front.tokenizer, self.front.processor
+        self.chat_template = self.front.chat_template
+        self.generation_defaults = self.front.generation_defaults
         self.vocab_size = facts.vocab_size
         self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
         self.max_model_len = mc.max_model_len
@@ -79,8 +67,7 @@ class FrontendEngine:
         )
 
     def default_sampling_params(self) -> SamplingParams:
-        values = {k: v for k, v in self.generation_defaults.items() if k != "max_tokens"}
-        return build_sampling_params(values)
+        return self.front.default_sampling_params()
 
     def get_metrics(self) -> dict[str, float]:
         return {}

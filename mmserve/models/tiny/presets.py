@@ -32,7 +32,7 @@ from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
 from .qwen3_vl import QWEN3_VL_PRESETS
 from .tokenizer import build_tokenizer
 
-BUILD_VERSION = 2  # bump whenever the bytes a build writes change (invalidates caches)
+BUILD_VERSION = 3  # bump whenever the bytes a build writes change (invalidates caches)
 SEED = 20240601
 WEIGHT_STD = 0.2  # HF's default 0.02 makes a tiny LLaVA greedily repeat a single token
 BIAS_STD = 0.02

@@ -71,7 +71,8 @@ QWEN_SPECIAL_TOKEN_IDS: dict[str, int] = {tok: i for i, tok in enumerate(QWEN_SP
 
 # Qwen2-VL ChatML format (Qwen's template without the default system prompt). Content is a string
 # or a list of OpenAI-style parts rendered in order; an image part becomes
-# "<|vision_start|><|image_pad|><|vision_end|>", which mmserve expands to one pad per embedding.
+# "<|vision_start|><|image_pad|><|vision_end|>", a video part the same with <|video_pad|>; mmserve
+# expands each pad to one token per embedding.
 QWEN_CHAT_TEMPLATE = PART_TYPES + (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
@@ -80,6 +81,8 @@ QWEN_CHAT_TEMPLATE = PART_TYPES + (
     "{%- for part in message['content'] -%}"
     "{%- if part['type'] in image_types -%}"
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
     "{%- elif part['type'] in text_types -%}{{- part['text'] -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
