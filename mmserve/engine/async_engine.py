@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ from mmserve.engine.metrics import ServerMetrics
 from mmserve.engine.output_stream import AbortCommand, AddCommand, OutputStream
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.request_lifecycle import RequestLifecycle
+from mmserve.engine.warmup import warmup_image_bytes
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media_fetch import MediaFetcher
 from mmserve.multimodal.media_workers import MediaWorkers
@@ -91,6 +93,7 @@ class AsyncLLMEngine(RequestLifecycle):
         self._num_unfinished = 0  # event loop only: admitted generate() calls not yet ended
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._warm = threading.Event()  # set once the loop thread's warm-up is over
         if start:
             self.start()
 
@@ -111,13 +114,46 @@ class AsyncLLMEngine(RequestLifecycle):
         return self.engine.generation_defaults
 
     # ---- lifecycle -----------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, warm_up: bool = False) -> None:
+        """Start the loop thread; with ``warm_up`` it first runs ``LLMEngine.warm_up`` (on
+        that thread: OpenMP thread teams and oneDNN state are per thread, so a warm-up on
+        another one would leave the first request cold). ``warm_up()`` waits for it."""
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="mmserve-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(warm_up,), name="mmserve-engine", daemon=True
+        )
         self._thread.start()
         if self.admission.media_workers is not None:
             self.admission.media_workers.start()
+
+    def wait_warm(self) -> None:
+        """Block until the loop thread's warm-up is over; RuntimeError if it failed."""
+        self._warm.wait()
+        if self._dead is not None:
+            raise RuntimeError(f"the engine warm-up failed: {self._dead}") from self._dead
+
+    async def warm_up(self) -> None:
+        """Before the first request (after ``start(warm_up=True)``): wait for the engine's
+        warm-up, then warm the media worker processes."""
+        await asyncio.to_thread(self.wait_warm)
+        await self.warm_up_media()
+
+    async def warm_up_media(self) -> None:
+        """Prepare the warm-up image in every media worker process (a spawned worker imports
+        torch and the processor on its first job). A failure is only logged: a broken pool is
+        replaced on the next image anyway."""
+        workers = self.admission.media_workers
+        if workers is None:
+            return
+        started = time.perf_counter()
+        try:
+            await workers.warm_up(await asyncio.to_thread(warmup_image_bytes))
+        except Exception as exc:
+            logger.warning("media worker warm-up failed: %s", exc)
+            return
+        seconds = time.perf_counter() - started
+        logger.info("media workers: %d process(es) warm in %.2f s", workers.processes, seconds)
 
     @property
     def fetcher(self) -> MediaFetcher:
@@ -210,8 +246,11 @@ class AsyncLLMEngine(RequestLifecycle):
         self._inbox.submit(command, accepting=self._dead is None)
 
     # ---- engine thread -------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, warm_up: bool) -> None:
         try:
+            if warm_up:
+                self.engine.warm_up()
+            self._warm.set()
             while True:
                 commands = self._inbox.wait_for_work(lambda: self.engine.has_unfinished_requests())
                 if commands is None:
@@ -228,6 +267,7 @@ class AsyncLLMEngine(RequestLifecycle):
             logger.exception("the engine loop crashed")
             self._dead = exc
         finally:
+            self._warm.set()
             leftover = self._inbox.stop_and_take_rest()
             why = f": {self._dead}" if self._dead is not None else ""
             stopped = EngineShutdownError(f"the engine stopped{why}")

@@ -26,10 +26,12 @@ _JINJA_CHARS = "{}\n"
 # How an image is written into a plain-text message (templates of the "string" format), per
 # ``hf_config.model_type``: the text the model's processor expands.
 IMAGE_PLACEHOLDERS = {
+    "gemma3": "<start_of_image>",
     "llava": "<image>",
     "llava_next": "<image>",
     "llava_onevision": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.stall import default_stall_steps, stall_message
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
+from mmserve.engine.warmup import WarmupReport, run_warmup_request
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.layers.attention import select_attention_backend
@@ -55,7 +57,7 @@ class LLMEngine:
         says: True any, a directory below it)."""
         tune_malloc()  # opt-in: glibc keeps freed memory (MMSERVE_MALLOC_TUNING=1)
         self.config = config
-        mc, sc = config.model, config.scheduler
+        mc = config.model
         torch.manual_seed(config.seed)
         self.device = torch.device(device or config.device)
         front = ModelFront.load(
@@ -74,43 +76,72 @@ class LLMEngine:
         sizes = size_caches(config, self.model, self.device, self.processor)
         self.max_model_len = mc.max_model_len
         self.kv_cache = allocate_kv_cache(config, self.model, self.device, sizes.num_kv_blocks)
-        self.scheduler = build_scheduler(config, sizes)
-        backend = select_attention_backend(
+        self._sizes = sizes
+        self._backend = select_attention_backend(
             config.attention_backend,
             self.device,
             torch_dtype(mc.dtype),
             self.model.head_dim,
             self.model.attention_masks,
         )
-        self.runner = ModelRunner(
-            self.model,
-            self.kv_cache,
-            self.device,
-            config.seed,
-            backend,
-            frozenset(mc.eos_token_ids),
-        )
         self.store: EncoderStore | None = None
         if config.encoder_store is not None:
             self.store = open_encoder_store(
                 config.encoder_store, mc.path, mc.dtype, torch_dtype(mc.dtype)
             )
-            self.runner.encoder.sink = self.store
-        self.stepper = IsolatingStepper(self.scheduler, self.runner)
-        self.progress = ProgressMonitor(sc.stall_steps or default_stall_steps(config))
         self.dead: BaseException | None = None
+        self._assemble_loop(self.store)
+
+    def _assemble_loop(self, store: EncoderStore | None) -> None:
+        """A fresh scheduler and runner and the bookkeeping around them (``warm_up`` steps its
+        request on one such set, then assembles the set that serves)."""
+        config, mc = self.config, self.config.model
+        self.scheduler = build_scheduler(config, self._sizes)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_cache,
+            self.device,
+            config.seed,
+            self._backend,
+            frozenset(mc.eos_token_ids),
+        )
+        self.runner.encoder.sink = store
+        self.stepper = IsolatingStepper(self.scheduler, self.runner)
+        self.progress = ProgressMonitor(config.scheduler.stall_steps or default_stall_steps(config))
         self.outputs = OutputProcessor(self.detokenizer, self.scheduler.finish_requests)
         self.fanout = FanOut()
         self.intake = RequestIntake(
             config,
             self.processor,
-            self.store,
+            store,
             self.scheduler,
             self.outputs,
             self.fanout,
             self.grammar,
             self.vocab_size,
         )
+
+    def warm_up(self) -> WarmupReport:
+        """Run ``run_warmup_request`` on throwaway loop parts without the encoder store, then
+        assemble fresh ones: the first-call costs are paid now, while the metrics, the caches
+        and the store see nothing of it. Servers call it before they serve (nothing else may
+        hold the loop parts yet)."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("warm_up runs before any request")
+        started = time.perf_counter()
+        self._assemble_loop(None)
+        try:
+            report = run_warmup_request(self)
+        finally:
+            self._assemble_loop(self.store)
+        logger.info(
+            "warm-up took %.2f s (%d image(s) encoded, %d prompt tokens, %d generated)",
+            time.perf_counter() - started,
+            report.images_encoded,
+            report.prompt_tokens,
+            report.output_tokens,
+        )
+        return report
 
     @property
     def encoder_budget(self) -> int:

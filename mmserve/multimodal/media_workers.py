@@ -89,6 +89,11 @@ class MediaWorkers:
                 ),
             )
 
+    async def warm_up(self, source: bytes) -> None:
+        """Start every process and prepare ``source`` in each (a spawned worker imports torch
+        and the processor, which would otherwise land on the first image it is given)."""
+        await asyncio.gather(*(self.run(source) for _ in range(self.processes)))
+
     async def run(self, source: bytes | str) -> PreparedImage:
         """Prepare encoded bytes, a data URL or a local path (under the media policy)."""
         return await self._submit("image preprocessing", _prepare, source)

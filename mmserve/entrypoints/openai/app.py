@@ -58,8 +58,11 @@ def build_app(
     policy: HTTPPolicy | None = None,
     model_root: str | None = None,
     metrics_refresh: Callable[[], Awaitable[None]] | None = None,
+    warm_up: bool = True,
 ) -> FastAPI:
-    """The app around a (not yet started) engine; its lifespan starts and stops the loop.
+    """The app around a (not yet started) engine; its lifespan starts and stops the loop and,
+    with ``warm_up``, warms the engine, the media workers and the JSON guard's helper up before
+    the server accepts connections (uvicorn binds its socket once the lifespan has started).
     ``model_root`` is /v1/models' ``root`` (the model as given; default: the first name);
     ``metrics_refresh`` is awaited before ``/metrics`` renders (the Ray ingress' replica stats)."""
     policy = policy or HTTPPolicy()
@@ -68,8 +71,10 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        engine.start(warm_up)
         guard.start()
+        if warm_up:
+            await asyncio.gather(engine.warm_up(), guard.warm_up())
         try:
             yield
         finally:

@@ -111,6 +111,12 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         help="on SIGTERM, seconds in-flight requests get to finish (default: %(default)s)",
     )
     p.add_argument(
+        "--skip-server-warmup",
+        action="store_true",
+        help="report healthy without first running a warm-up request through the engine and"
+        " the media workers (SGLang's flag); the first request then pays first-call costs",
+    )
+    p.add_argument(
         "--text-workers",
         type=int,
         default=None,

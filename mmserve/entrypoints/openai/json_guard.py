@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -19,6 +20,8 @@ from multiprocessing import get_context
 from typing import Any
 
 from mmserve.entrypoints.openai.limits import LimitExceeded, RequestLimits
+
+logger = logging.getLogger(__name__)
 
 GUARD_BYTES = 256 << 10  # bodies above this are screened in the helper process
 GUARD_CONTAINERS = 4096  # ... and so are smaller ones with more "{" / "[" than this
@@ -182,6 +185,15 @@ class JSONGuard:
             self._pool = ProcessPoolExecutor(
                 1, mp_context=get_context("spawn"), initializer=_init_helper
             )
+
+    async def warm_up(self) -> None:
+        """Spawn the helper now, by screening an empty object in it: a spawned process imports
+        the server's main module, which takes seconds the first large body would wait. A
+        failure is only logged: a broken helper is replaced on the next body anyway."""
+        try:
+            await self.parse(b"{}")
+        except Exception as exc:
+            logger.warning("JSON guard warm-up failed: %s", exc)
 
     async def parse(self, body: bytes) -> dict[str, Any]:
         """The screened JSON object, or ``LimitExceeded`` / ``BodyRejected`` / ``GuardBusy``."""

@@ -105,6 +105,7 @@ def build_app_from_args(args: argparse.Namespace) -> FastAPI:
         model_aliases=aliases,
         policy=policy,
         model_root=args.model,
+        warm_up=not args.skip_server_warmup,
     )
     logger.info(startup_summary(llm_engine, args))
     return app

@@ -71,6 +71,7 @@ class OpenAIIngress:
             policy=policy,
             model_root=args.model,
             metrics_refresh=engine.refresh_metrics,
+            warm_up=not args.skip_server_warmup,
         )
 
         @app.get("/cluster")
@@ -111,7 +112,12 @@ def build_app(args: argparse.Namespace) -> Application:
     settings = engine_args(args)
     replica = serve.deployment(**replica_options(args, settings))(EngineReplica)
     threads = max(1, int(args.replica_cpus))
-    replicas = replica.bind(dataclasses.asdict(settings), args.max_queued_requests, threads)
+    replicas = replica.bind(
+        dataclasses.asdict(settings),
+        args.max_queued_requests,
+        threads,
+        warm_up=not args.skip_server_warmup,
+    )
     ingress = serve.deployment(
         name="OpenAIIngress",
         ray_actor_options={"num_cpus": 0},

@@ -45,6 +45,7 @@ class EngineReplica:
         engine_args: dict[str, Any],
         max_queued_requests: int | None = None,
         torch_threads: int | None = None,
+        warm_up: bool = True,
     ) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
@@ -54,8 +55,11 @@ class EngineReplica:
         self.engine = AsyncLLMEngine(
             self.llm,
             max_queued_requests=max_queued_requests,
+            start=False,
             executors=AdmissionExecutors(1, 1),
         )
+        self.engine.start(warm_up)
+        self.engine.wait_warm()  # before Serve counts the replica as started
         self.requests = 0
         logger.info("engine replica %s ready (%s)", replica_id(), settings.model)
 

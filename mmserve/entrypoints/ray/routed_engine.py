@@ -80,10 +80,14 @@ class RoutedEngine(AsyncLLMEngine):
         self.refresh_metrics = StatsRefresher(self.cluster_stats)
         self.stats.registry.register(RoutingCollector(ROUTING.snapshot, self.freshness))
 
-    def start(self) -> None:
+    def start(self, warm_up: bool = False) -> None:
+        """No loop here (the replicas warm themselves up): the media workers only."""
         if not self._started and self.admission.media_workers is not None:
             self.admission.media_workers.start()
         self._started = True
+
+    async def warm_up(self) -> None:
+        await self.warm_up_media()
 
     def check_health(self) -> None:
         if self._draining:
