@@ -144,3 +144,21 @@ def test_the_budget_bound_holds_base_only_images():
     config = build_model_config(MODEL)
     geometry = AnyresGeometry.from_config(config.hf_config)
     assert geometry.patches**2 + 1 <= config.max_tokens_per_image
+
+
+def test_a_video_beside_two_images_keeps_its_frames_and_drops_their_grids(imgs):
+    """Videos are unchanged (frames pooled, one item each); the two images of the prompt take
+    the multi-image mode, as transformers' processor takes the images of one sample."""
+    from tests.test_llava_onevision_video import GREEDY as VIDEO_GREEDY
+    from tests.test_llava_onevision_video import VideoReference, make_frames, prompt
+
+    ref = VideoReference()
+    video, images = make_frames(3, 3), [imgs[0], imgs[2]]
+    text = prompt("Compare.", "<image><image><video>")
+    llm = LLM(MODEL, limit_mm_per_prompt={"image": 2, "video": 1})
+    request = {"prompt": text, "images": images, "videos": [video]}
+    out = llm.generate(request, VIDEO_GREEDY, use_tqdm=False)[0]
+    assert out.prompt_token_ids == ref.inputs(text, video, images)["input_ids"][0].tolist()
+    assert out.outputs[0].token_ids == ref.greedy(text, video, images)
+    assert llm.get_metrics()["encoder_images_encoded"] == 2 + 3  # two images, three frames
+    assert_no_leaks(llm)
