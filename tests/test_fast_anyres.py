@@ -1,6 +1,7 @@
 """The anyres fast path (``multimodal/fast_anyres``) against the LLaVA-OneVision and LLaVA-NeXT
 PIL processors it replaces: bit-identical crops in "exact" mode for every grid, odd sizes and
-image modes, and the processor for settings it does not implement."""
+image modes (OneVision's multi-image mode too: one padded square crop), and the processor for
+settings it does not implement."""
 
 from __future__ import annotations
 
@@ -25,6 +26,29 @@ SIZES = [(96, 80), (64, 64), (120, 50), (30, 200), (1280, 720), (1, 1), (500, 3)
 @pytest.fixture(scope="module", params=PRESETS)
 def processor(request):
     return load_image_processor(build_model_config(request.param).path, {})
+
+
+def hf_multi_image(processor, image):
+    """The processor's crop of ``image`` as the first of two images of one sample."""
+    out = processor(images=[[image, picture(0, (20, 30))]], return_tensors="np")
+    return out["pixel_values"][0], tuple(int(x) for x in out["image_sizes"][0])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_exact_multi_image_crop_is_the_processors(size):
+    """OneVision's multi-image mode: padded to a square in the mean color, one crop."""
+    processor = load_image_processor(build_model_config(PRESETS[0]).path, {})
+    fast = fast_image_processor(processor, "exact")
+    image = picture(7, size)
+    mine, mine_size = fast.base_only(image, image.tobytes())
+    theirs, their_size = hf_multi_image(processor, image)
+    assert mine_size == their_size == (size[1], size[0])
+    assert mine.dtype == theirs.dtype and mine.shape == theirs.shape == (1, 3, 32, 32)
+    assert np.array_equal(mine, theirs)
+    for mode in MODES:
+        image = image_in_mode(3, (90, 40), mode)
+        if fast.accepts(image):
+            assert np.array_equal(fast.base_only(image)[0], hf_multi_image(processor, image)[0])
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -55,9 +79,12 @@ def test_preparer_uses_the_fast_path_and_gives_the_processors_inputs():
     hf = ImagePreparer(config, processor, MediaFetchPolicy(), preprocessing="hf")
     assert preparer.fast is not None and hf.fast is None
     image = picture(2, (120, 50))
-    mine, theirs = preparer.prepare(image), hf.prepare(image)
-    assert mine.mm_hash == theirs.mm_hash and mine.length == theirs.length
-    assert np.array_equal(mine.data["pixel_values"], theirs.data["pixel_values"])
+    for multi_image in (False, True):
+        mine, theirs = preparer.prepare(image, multi_image), hf.prepare(image, multi_image)
+        assert mine.mm_hash == theirs.mm_hash and mine.length == theirs.length
+        assert mine.multi_image == theirs.multi_image == multi_image
+        assert np.array_equal(mine.data["pixel_values"], theirs.data["pixel_values"])
+        assert (len(mine.data["pixel_values"]) == 1) == multi_image  # a grid has 1 + >= 1
 
 
 @pytest.mark.parametrize(
@@ -86,3 +113,6 @@ def test_fast_mode_stays_within_the_stated_levels(processor):
         mine, theirs = fast(image)[0], hf_anyres(processor, image)[0]
         assert mine.shape == theirs.shape
         assert np.abs(mine - theirs).max() <= bound + 1e-6, size
+        if type(processor).__name__.startswith("LlavaOnevision"):
+            mine, theirs = fast.base_only(image)[0], hf_multi_image(processor, image)[0]
+            assert np.abs(mine - theirs).max() <= bound + 1e-6, size

@@ -270,8 +270,8 @@ def _memo_returning(llm, image, data):
     encoder can recognise it by identity)."""
     real = llm.engine.processor.prepare_image
 
-    def prepare(source, cache_salt=None, mm_kwargs=None):
-        prepared = real(source, cache_salt, mm_kwargs)
+    def prepare(source, *args):
+        prepared = real(source, *args)
         if source is image:
             return type(prepared)(prepared.mm_hash, data, prepared.length, prepared.size)
         return prepared

@@ -1,8 +1,9 @@
 """LLaVA-OneVision and LLaVA-NeXT (the anyres families): greedy output of mmserve equals
 transformers' generate (float32) for images of several aspect ratios (different crop grids,
-unpadding and, for OneVision, shrinking) and several images per prompt, under every cache
-setting; placeholder counts, budgets and the anyres geometry. Every test not about one family's
-files runs on both CI presets."""
+unpadding and, for OneVision, shrinking) and several images per prompt (one sample: OneVision's
+multi-image mode, see ``test_llava_onevision_multi_image``), under every cache setting;
+placeholder counts, budgets and the anyres geometry. Every test not about one family's files
+runs on both CI presets."""
 
 from __future__ import annotations
 
@@ -50,7 +51,11 @@ class AnyresReference:
         self._greedy: dict[tuple, list[int]] = {}
 
     def inputs(self, prompt: str, images: list[Image.Image]) -> dict:
-        return dict(self.processor(text=prompt, images=images or None, return_tensors="pt"))
+        """The prompt's images as one sample (what ``apply_chat_template`` passes): OneVision's
+        processor takes several in its multi-image mode (NeXT's has none)."""
+        onevision = self.model.config.model_type == "llava_onevision"
+        sample = [images] if images and onevision else images
+        return dict(self.processor(text=prompt, images=sample or None, return_tensors="pt"))
 
     def greedy(self, prompt: str, images: list[Image.Image]) -> list[int]:
         key = (prompt, tuple(map(id, images)))

@@ -60,7 +60,9 @@ class VideoReference:
         self.settings = load_onevision_video_settings(path, self.model.config)
 
     def inputs(self, text: str, video: Any, images: list[Image.Image]) -> dict[str, Any]:
-        out = dict(self.processor(text=text, images=images or None, return_tensors="pt"))
+        """``images``: one sample's (a chat's), so several take the multi-image mode."""
+        sample = [images] if images else None
+        out = dict(self.processor(text=text, images=sample, return_tensors="pt"))
         frames = video_frames(video).frames
         ids = out["input_ids"][0].tolist()
         at = ids.index(VIDEO_TOKEN)

@@ -52,7 +52,10 @@ class HFInputs:
 
     def __call__(self, prompt: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
         if self.processor is not None:
-            return dict(self.processor(text=prompt, images=images or None, return_tensors="pt"))
+            # one prompt's images are one sample (OneVision takes several in its multi-image mode)
+            onevision = self.architecture == "LlavaOnevisionForConditionalGeneration"
+            sample = [images] if images and onevision else images or None
+            return dict(self.processor(text=prompt, images=sample, return_tensors="pt"))
         ids = self.tokenizer(prompt)["input_ids"]
         kwargs: dict[str, torch.Tensor] = {}
         if images:

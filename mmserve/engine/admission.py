@@ -158,8 +158,9 @@ class Admission:
             *(self._fetch_if_remote(src, "video") for src in videos),
         )
         image_sources, video_sources = sources[: len(images)], sources[len(images) :]
+        multi_image = processor.preparer.multi_image(len(images))
         prepared = await gather_or_cancel(
-            *(self.prepare_image(src, cache_salt, mm_kwargs) for src in image_sources),
+            *(self.prepare_image(src, cache_salt, mm_kwargs, multi_image) for src in image_sources),
             *(self.prepare_video(src, cache_salt, mm_kwargs) for src in video_sources),
         )
         processed = await self.executors.text(
@@ -181,23 +182,28 @@ class Admission:
             await processed.store_lookup.wait_async(self.engine.store_timeout_s)
 
     async def prepare_image(
-        self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
+        self,
+        source: Any,
+        cache_salt: str | None,
+        mm_kwargs: dict[str, Any] | None = None,
+        multi_image: bool = False,
     ) -> PreparedImage:
         """In a media worker process with the engine's processor settings; in the media
-        threads for sources the workers do not take or per-request image settings."""
+        threads for sources the workers do not take or per-request image settings.
+        ``multi_image``: the prompt's images take the multi-image mode (``InputProcessor``)."""
         processor = self.engine.processor
         own_settings = processor.image_kwargs(mm_kwargs) is not None
         if self.media_workers is None or not isinstance(source, (bytes, str)) or own_settings:
             return await self.executors.media(
-                processor.prepare_image, source, cache_salt, mm_kwargs
+                processor.prepare_image, source, cache_salt, mm_kwargs, multi_image
             )
         key = None
         if isinstance(source, bytes) or source[:5].lower() == "data:":  # not a path: may change
-            key = await self.executors.text(memo_key, source, cache_salt)
+            key = await self.executors.text(memo_key, source, cache_salt, None, multi_image)
             hit = processor.memo.get(key)
             if hit is not None:
                 return hit
-        prepared = await self.media_workers.run(source)
+        prepared = await self.media_workers.run(source, multi_image)
         if key is not None:
             processor.memo.put(key, prepared)
         return prepared

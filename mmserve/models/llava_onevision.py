@@ -5,7 +5,9 @@ Qwen2 decoder (mmserve's Llama with q/k/v biases). ``AnyresLlava`` is the part L
 An image's data is its processor crops (base first) and its (height, width); ``encode_images``
 runs every crop of every image through the tower as one batch, then packs each image's crops
 into one ``[num_tokens, hidden]`` tensor as transformers' ``pack_image_features`` does, with the
-geometry of ``multimodal.anyres`` (which also counts the placeholders at admission).
+geometry of ``multimodal.anyres`` (which also counts the placeholders at admission). An image of
+a multi-image prompt (OneVision, data marked ``base_only``) has its one crop: its embeddings and
+one ``image_newline``, as ``pack_image_features`` packs an image without a grid.
 """
 
 from __future__ import annotations
@@ -58,6 +60,17 @@ class AnyresPacker(nn.Module):
         newline = self.image_newline.to(grid.dtype)[:, None, None].expand(hidden, out_h, 1)
         packed = torch.cat((grid, newline), dim=-1).flatten(1, 2).transpose(0, 1)
         return torch.cat((crops[0], packed))
+
+    def base_only(self, crops: torch.Tensor) -> torch.Tensor:
+        """``crops``: [1, patches**2, hidden] (the multi-image mode's one crop) -> its
+        embeddings followed by ``image_newline``."""
+        p = self.geometry.patches
+        if crops.shape[:2] != (1, p * p):
+            raise ValueError(
+                f"{crops.shape[0]} crops of {crops.shape[1]} embeddings for an image of a"
+                f" multi-image prompt; expected 1 crop of {p * p}"
+            )
+        return torch.cat((crops[0], self.image_newline.to(crops.dtype)[None]))
 
 
 class AnyresLlava(LlamaLMHeadMixin, nn.Module):
@@ -130,7 +143,8 @@ def pool_frames(feats: torch.Tensor) -> torch.Tensor:
 class LlavaOnevisionForConditionalGeneration(AnyresLlava):
     """LLaVA-OneVision: SigLIP (no CLS: the "full" strategy) and a Qwen2 decoder. Videos
     arrive one frame per item (``multimodal.onevision_video``): its pooled embeddings, the
-    last frame's followed by ``image_newline`` (transformers' ``get_video_features``)."""
+    last frame's followed by ``image_newline`` (transformers' ``get_video_features``). Images
+    of a multi-image prompt arrive ``base_only`` (``multimodal.anyres``)."""
 
     qkv_bias = True
 
@@ -150,6 +164,9 @@ class LlavaOnevisionForConditionalGeneration(AnyresLlava):
         feats = self.multi_modal_projector(self.vision_tower(batch))
         out = []
         for f, d in zip(feats.split([len(p) for p in pixels]), images, strict=True):
+            if d.get("base_only"):
+                out.append(self.packer.base_only(f))
+                continue
             if "pixel_values_videos" not in d:
                 out.append(self.packer(f, tuple(d["image_size"])))
                 continue

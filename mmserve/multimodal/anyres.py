@@ -8,6 +8,12 @@ OneVision bilinearly shrinks it when it exceeds ``anyres_max_N`` crops' worth, a
 ``image_newline`` after every row. Admission (the placeholder count) and the model (packing)
 both read this module, so the two always agree; the formulas are transformers'
 ``LlavaOnevisionProcessor._get_number_of_features`` and ``pack_image_features``.
+
+OneVision's multi-image mode: the images of a prompt with several (one sample to transformers'
+processor: a chat's images, in one message or across turns) are not tiled. Each is padded to a
+square with the mean color and resized to one crop (``need_patching = n == 1`` in the image
+processor); the model keeps that crop's embeddings and appends one ``image_newline``
+(``base_only_inputs``). LLaVA-NeXT has no such mode.
 """
 
 from __future__ import annotations
@@ -84,14 +90,19 @@ class AnyresGeometry:
         rows, cols = self.pooled(feat_h, feat_w)
         return self.patches**2 + rows * (cols + 1)
 
+    def base_only_tokens(self) -> int:
+        """Embeddings of an image in the multi-image mode: the base crop + one newline."""
+        return self.patches**2 + 1
+
     def num_tokens(self, height: int, width: int) -> int:
         """Embeddings (and ``<image>`` placeholders) of an image of ``height`` x ``width``."""
         return self.tokens_for_map(*self.unpadded(height, width))
 
     def max_tokens(self) -> int:
-        """An upper bound on ``num_tokens`` over every image size: each pinpoint grid with
-        every amount of unpadding either side may remove (unpadding removes an even count of
-        rows or of columns, never both). Exact for LLaVA-NeXT's pinpoints and the tiny presets;
+        """An upper bound on ``num_tokens`` over every image size (so on ``base_only_tokens``,
+        which every grid's count exceeds): each pinpoint grid with every amount of unpadding
+        either side may remove (unpadding removes an even count of rows or of columns, never
+        both). Exact for LLaVA-NeXT's pinpoints and the tiny presets;
         for the released OneVision config 8829, where sampled sizes reach 8765."""
         best = 0
         for height, width in self.grid_pinpoints:
@@ -130,3 +141,26 @@ def anyres_inputs(
     return {"pixel_values": crops, "image_size": (height, width)}, geometry.num_tokens(
         height, width
     )
+
+
+def hf_base_only(image_processor: Any, image: Image.Image) -> tuple[Any, tuple[int, int]]:
+    """The HF processor's one crop [1, C, H, W] of an image in the multi-image mode, and its
+    (h, w). The processor picks the mode by the sample's image count, so it is given the image
+    twice as one sample (the ``"hf"`` preprocessing mode only; the fast path is
+    ``AnyresImageProcessing.base_only``)."""
+    out = image_processor(images=[[image, image]], return_tensors="np")
+    height, width = (int(x) for x in out["image_sizes"][0])
+    return out["pixel_values"][0], (height, width)
+
+
+def base_only_inputs(
+    processed: tuple[Any, tuple[int, int]], image_processor: Any, model_config: ModelConfig
+) -> tuple[dict[str, Any], int]:
+    """The model's data for an image in the multi-image mode (``base_only``: its one crop
+    packs to the crop's embeddings + ``image_newline``) and its embedding count."""
+    crops, (height, width) = processed
+    if len(crops) != 1:
+        raise ValueError(f"{len(crops)} crops for an image of a multi-image prompt, expected 1")
+    geometry = AnyresGeometry.from_config(model_config.hf_config)
+    data = {"pixel_values": crops, "image_size": (height, width), "base_only": True}
+    return data, geometry.base_only_tokens()

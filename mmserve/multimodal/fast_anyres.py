@@ -6,6 +6,9 @@ with zeros (centered) to that resolution and cuts it into crops, row by row; the
 the whole image resized to one crop. Every later per-crop step (a resize to the crop's own
 size, a center crop to it) is the identity, so here the resized images are cut as uint8 and
 all crops rescaled and normalized in one pass: pixel values bit-identical in ``"exact"`` mode.
+
+``base_only`` is OneVision's multi-image mode (see ``multimodal.anyres``): the image padded to a
+square with the processor's ``image_mean`` color (``pad_to_square``), then resized to one crop.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class AnyresImageProcessing:
     """Anyres tiling -> ((1 + rows * cols, 3, crop, crop) float32, (height, width)): what
-    ``multimodal.anyres.hf_anyres`` returns from the HF processor."""
+    ``multimodal.anyres.hf_anyres`` returns from the HF processor. ``pad_color``: the
+    multi-image mode's square padding, ``int(mean * 255)`` per channel as the processor's
+    (None without an ``image_mean``)."""
 
     pixels: PixelSteps
     crop: int
     grid_pinpoints: tuple[tuple[int, int], ...]
+    pad_color: tuple[int, int, int] | None = None
 
     def accepts(self, image: Image.Image) -> bool:
         return self.pixels.accepts(image)
@@ -55,4 +61,24 @@ class AnyresImageProcessing:
         grid = canvas.reshape(rows, crop, cols, crop, 3).transpose(0, 2, 1, 3, 4)
         tiles[1:] = grid.reshape(rows * cols, crop, crop, 3)
         values = self.pixels.rescale_normalize(tiles.transpose(0, 3, 1, 2), (1, 3, 1, 1))
+        return values, (height, width)
+
+    def base_only(
+        self, image: Image.Image, pixels: bytes | None = None
+    ) -> tuple[np.ndarray, tuple[int, int]]:
+        """The multi-image mode -> ((1, 3, crop, crop) float32, (height, width)): what
+        ``multimodal.anyres.hf_base_only`` returns from the HF processor."""
+        if self.pad_color is None:
+            raise ValueError("the image processor has no image_mean to pad images to squares")
+        rgb = self.pixels.rgb(image, pixels)
+        height, width = rgb.shape[:2]
+        if height != width:  # centered on a square of the longer side (``pad_to_square``)
+            side = max(height, width)
+            square = np.empty((side, side, 3), np.uint8)
+            square[:] = self.pad_color
+            top, left = (side - height) // 2, (side - width) // 2
+            square[top : top + height, left : left + width] = rgb
+            rgb = square
+        tile = self.pixels.resize_array(rgb, self.crop, self.crop)
+        values = self.pixels.rescale_normalize(tile.transpose(2, 0, 1)[None], (1, 3, 1, 1))
         return values, (height, width)

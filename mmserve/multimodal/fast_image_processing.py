@@ -219,7 +219,15 @@ def _anyres(settings: dict[str, Any], mode: str) -> AnyresImageProcessing:
         raise _Unsupported(f"crop_size={crop}")
     used = {"do_center_crop", "crop_size", "do_pad", "pad_size", "image_grid_pinpoints"}
     pinpoints = tuple((int(h), int(w)) for h, w in settings["image_grid_pinpoints"])
-    return AnyresImageProcessing(_pixels(settings, mode, used), side, pinpoints)
+    mean = settings.get("image_mean")
+    pad_color = None if mean is None else _pad_color(mean)
+    return AnyresImageProcessing(_pixels(settings, mode, used), side, pinpoints, pad_color)
+
+
+def _pad_color(mean: Any) -> tuple[int, int, int]:
+    """OneVision's ``pad_to_square`` color: ``int(x * 255)`` of each channel's mean."""
+    red, green, blue = (int(x * 255) for x in _channels(mean))
+    return red, green, blue
 
 
 _BUILDERS: dict[type, Callable[[dict[str, Any], str], FastImageProcessing]] = {

@@ -62,6 +62,12 @@ class PixelSteps:
         source = image if self.plain(image) else Image.fromarray(self.rgb(image, pixels))
         return np.asarray(source.resize((width, height), resample=self.resample))
 
+    def resize_array(self, rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+        """``resize`` of an (H, W, 3) uint8 array the caller built (e.g. padded)."""
+        if self.resize_with_torch:
+            return _torch_resize(rgb, height, width, TORCH_FILTERS[self.resample])
+        return np.asarray(Image.fromarray(rgb).resize((width, height), resample=self.resample))
+
     def rescale_normalize(self, src: np.ndarray, channel_shape: tuple[int, ...]) -> np.ndarray:
         """The processor's rescale then normalize of uint8 ``src``, as a new C-contiguous
         float32 array; ``channel_shape`` places the 3 channel values against ``src``."""

@@ -45,6 +45,12 @@ def hash_uuid(
     return hasher.hexdigest()
 
 
+def multi_image_hash(mm_hash: str) -> str:
+    """The key of an image prepared in its model's multi-image mode: the same pixels (or
+    uuid) give other embeddings there than alone, so they get another key."""
+    return blake3.blake3(f"multi-image\0{mm_hash}".encode()).hexdigest()
+
+
 def salted(mm_hash: str, cache_salt: str | None) -> str:
     """The item's cache key within one tenant: ``cache_salt`` scopes it (None: shared)."""
     if cache_salt is None:

@@ -17,13 +17,16 @@ V = TypeVar("V")
 
 @dataclass(frozen=True)
 class PreparedImage:
-    """What admission derives from one image: content hash, processor output, embedding count
-    and the decoded size (width, height)."""
+    """What admission derives from one image: content hash (of the pixels, whatever the
+    mode), processor output, embedding count, the decoded size (width, height) and whether it
+    was prepared in the model's multi-image mode (``ImagePreparer.multi_image``: the same pixels
+    give other data, count and encoder-cache key there)."""
 
     mm_hash: str
     data: Any
     length: int
     size: tuple[int, int] = (0, 0)
+    multi_image: bool = False
 
 
 def _nbytes(data: Any) -> int:

@@ -6,6 +6,10 @@ path of ``fast_image_processing`` where it covers the processor's settings and t
 processor elsewhere; the mode comes from the ``preprocessing`` argument, else from
 ``$MMSERVE_IMAGE_PREPROCESSING``, else it is ``"exact"`` (pixel values bit-identical to the HF
 processor's; ``"fast"`` is faster and not token-identical, ``"hf"`` runs the processor).
+
+An image is prepared for a prompt's image count: a family with a multi-image mode
+(``ImageInputs.multi_image``: LLaVA-OneVision) prepares each image of a prompt with several in
+that mode (``ImagePreparer.multi_image``), as its processor does for the images of one sample.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from typing import Any
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.multimodal.anyres import anyres_inputs, hf_anyres
+from mmserve.multimodal.anyres import anyres_inputs, base_only_inputs, hf_anyres, hf_base_only
+from mmserve.multimodal.fast_anyres import AnyresImageProcessing
 from mmserve.multimodal.fast_image_processing import (
     DEFAULT_PREPROCESSING,
     PREPROCESSING_MODES,
+    FastImageProcessing,
     fast_image_processor,
 )
 from mmserve.multimodal.fetch_policy import MediaFetchPolicy
@@ -99,17 +105,34 @@ class ImageText:
     text: Callable[[int], str]
 
 
+FastCall = Callable[[Image.Image, bytes], Any]
+
+
+def _fast_call(fast: FastImageProcessing) -> FastCall | None:
+    return fast
+
+
+def _fast_base_only(fast: FastImageProcessing) -> FastCall | None:
+    return fast.base_only if isinstance(fast, AnyresImageProcessing) else None
+
+
 @dataclass(frozen=True)
 class ImageInputs:
-    """One architecture's glue: ``hf`` runs the HF processor on one image and returns what the
-    fast path returns (``fast_image_processing``); ``inputs`` turns that into the model's image
-    data and its embedding count. ``image_text`` (Gemma 3): see ``ImageText``."""
+    """One architecture's glue: ``hf`` runs the HF processor on one image; ``fast`` picks the
+    call of the fast path (``fast_image_processing``) that returns the same (None: the HF
+    processor runs); ``inputs`` turns that into the model's image data and its embedding
+    count. ``image_text`` (Gemma 3): see ``ImageText``. ``multi_image``: the glue for each
+    image of a prompt with several, where the family has such a mode (LLaVA-OneVision: base
+    resolution only); None: each is prepared as a lone image."""
 
     hf: Callable[[Any, Image.Image], Any]
     inputs: Callable[[Any, Any, ModelConfig], tuple[Any, int]]
     image_text: Callable[[Any, ModelConfig], ImageText] | None = None
+    multi_image: ImageInputs | None = None
+    fast: Callable[[FastImageProcessing], FastCall | None] = _fast_call
 
 
+ONEVISION_MULTI_IMAGE = ImageInputs(hf_base_only, base_only_inputs, fast=_fast_base_only)
 IMAGE_INPUTS = {
     "LlavaForConditionalGeneration": ImageInputs(_hf_llava, _llava_inputs),
     "Qwen2VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
@@ -117,7 +140,9 @@ IMAGE_INPUTS = {
     "Qwen2_5_VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
     # so does Qwen3-VL (patch_size 16, mean / std 0.5)
     "Qwen3VLForConditionalGeneration": ImageInputs(_hf_qwen2_vl, _qwen2_vl_inputs),
-    "LlavaOnevisionForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
+    "LlavaOnevisionForConditionalGeneration": ImageInputs(
+        hf_anyres, anyres_inputs, multi_image=ONEVISION_MULTI_IMAGE
+    ),
     "LlavaNextForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
     "Gemma3ForConditionalGeneration": ImageInputs(_hf_gemma3, _gemma3_inputs, _gemma3_image_text),
 }
@@ -159,6 +184,15 @@ class ImagePreparer:
     def accepts_images(self) -> bool:
         return self.image_inputs is not None
 
+    def multi_image(self, num_images: int) -> bool:
+        """Whether the images of a prompt with ``num_images`` are prepared in the model's
+        multi-image mode (a family that has one, more than one image)."""
+        return (
+            num_images > 1
+            and self.image_inputs is not None
+            and self.image_inputs.multi_image is not None
+        )
+
     def read(self, source: Any) -> Any:
         """The encoded bytes (or PIL image) behind ``source``."""
         return read_image_source(source, self.fetcher)
@@ -169,17 +203,25 @@ class ImagePreparer:
         mc = self.model_config
         return hash_image(image, mc.model, without_sampling(mc.processor_kwargs), pixels)
 
-    def prepare(self, raw: Any) -> PreparedImage:
-        """``raw``: encoded bytes, a PIL image, or any source ``read`` accepts."""
-        if self.image_inputs is None:
+    def prepare(self, raw: Any, multi_image: bool = False) -> PreparedImage:
+        """``raw``: encoded bytes, a PIL image, or any source ``read`` accepts;
+        ``multi_image``: prepare it in the multi-image mode (``multi_image(count)``)."""
+        glue = self.image_inputs
+        if glue is None:
             raise ValueError("this model does not accept images")
+        if multi_image:
+            if glue.multi_image is None:
+                raise ValueError(f"{self.model_config.architecture} has no multi-image mode")
+            glue = glue.multi_image
         if not isinstance(raw, (bytes, Image.Image)):
             raw = self.read(raw)
         image = checked_image(raw) if isinstance(raw, Image.Image) else decode_image(raw)
         pixels = image.tobytes()  # one copy of the decoded pixels for the hash and the fast path
-        if self.fast is not None and self.fast.accepts(image):
-            processed = self.fast(image, pixels)
+        fast = glue.fast(self.fast) if self.fast is not None and self.fast.accepts(image) else None
+        if fast is not None:
+            processed = fast(image, pixels)
         else:
-            processed = self.image_inputs.hf(self.image_processor, image)
-        data, length = self.image_inputs.inputs(processed, self.image_processor, self.model_config)
-        return PreparedImage(self.content_hash(image, pixels), data, length, image.size)
+            processed = glue.hf(self.image_processor, image)
+        data, length = glue.inputs(processed, self.image_processor, self.model_config)
+        mm_hash = self.content_hash(image, pixels)
+        return PreparedImage(mm_hash, data, length, image.size, multi_image)

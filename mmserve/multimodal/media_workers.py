@@ -46,9 +46,9 @@ def _init_worker(
     _videos = VideoLoader(media_policy, video_sampling, video_limits)
 
 
-def _prepare(source: bytes | str) -> PreparedImage:
+def _prepare(source: bytes | str, multi_image: bool) -> PreparedImage:
     assert _preparer is not None
-    return _preparer.prepare(source)
+    return _preparer.prepare(source, multi_image)
 
 
 def _load_video(source: bytes | str, sampling: VideoSampling) -> VideoFrames:
@@ -94,9 +94,10 @@ class MediaWorkers:
         and the processor, which would otherwise land on the first image it is given)."""
         await asyncio.gather(*(self.run(source) for _ in range(self.processes)))
 
-    async def run(self, source: bytes | str) -> PreparedImage:
-        """Prepare encoded bytes, a data URL or a local path (under the media policy)."""
-        return await self._submit("image preprocessing", _prepare, source)
+    async def run(self, source: bytes | str, multi_image: bool = False) -> PreparedImage:
+        """Prepare encoded bytes, a data URL or a local path (under the media policy), in the
+        multi-image mode if asked (``ImagePreparer.prepare``)."""
+        return await self._submit("image preprocessing", _prepare, source, multi_image)
 
     async def run_video(self, source: bytes | str, sampling: VideoSampling) -> VideoFrames:
         """Decode and sample encoded video bytes, a data URL or a local path."""

@@ -13,7 +13,7 @@ from PIL import Image
 from mmserve.config import ModelConfig
 from mmserve.inputs import MultiModalItem, ProcessedPrompt
 from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.hashing import hash_uuid, salted
+from mmserve.multimodal.hashing import hash_uuid, multi_image_hash, salted
 from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image_prep import ImagePreparer
 from mmserve.multimodal.image_text_expansion import ImageTextExpander
@@ -42,7 +42,10 @@ class InputProcessor:
 
     Runs at admission (off the event loop in the server), so every image is hashed exactly once.
     A request's ``mm_kwargs`` (``mm_processor_kwargs``) select the preparer of its merged
-    processor settings (``request_kwargs``); the memo and the item keys include them.
+    processor settings (``request_kwargs``); the memo and the item keys include them. The images
+    of a prompt are one sample, as to the model's processor: with several, a family with a
+    multi-image mode prepares each in it (``ImagePreparer.multi_image``); the memo and item
+    keys include the mode.
     """
 
     def __init__(
@@ -103,8 +106,8 @@ class InputProcessor:
     ) -> ProcessedPrompt:
         """Token ids with expanded placeholders, one item per image and one per video frame
         group. ``images`` may hold ``PreparedImage``s (from ``prepare_image`` with the same
-        ``mm_kwargs``, e.g. run in another thread) or sources; ``videos`` ``PreparedVideo``s
-        (``prepare_video``) or decoded videos."""
+        ``mm_kwargs`` and ``preparer.multi_image(len(images))``, e.g. run in another thread)
+        or sources; ``videos`` ``PreparedVideo``s (``prepare_video``) or decoded videos."""
         merged = self.check_mm_kwargs(mm_kwargs)
         self.videos.check_count(len(videos))  # a ValueError for models without video input
         if self.image_text_expander is not None:
@@ -139,9 +142,7 @@ class InputProcessor:
                 items += video.items(place + shift, cache_salt, starts)
                 length = video.length if expansion is None else len(expansion)
             else:
-                prepared = images[i]
-                if not isinstance(prepared, PreparedImage):
-                    prepared = self.prepare_image(prepared, cache_salt, mm_kwargs)
+                prepared = self._prepared(images[i], len(images), cache_salt, mm_kwargs)
                 uuid = uuids[i] if uuids is not None else None
                 key = self.item_key(prepared, uuid, cache_salt, merged)
                 length = prepared.length
@@ -174,15 +175,27 @@ class InputProcessor:
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
         self.image_text_expander.check_marker_count(prompt, len(images))
-        prepared = [
-            s if isinstance(s, PreparedImage) else self.prepare_image(s, cache_salt, mm_kwargs)
-            for s in images
-        ]
+        prepared = [self._prepared(s, len(images), cache_salt, mm_kwargs) for s in images]
 
         def key_of(i: int, image: PreparedImage) -> str:
             return self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
 
         return self.image_text_expander.expand(prompt, prepared, key_of)
+
+    def _prepared(
+        self, image: Any, num_images: int, cache_salt: str | None, mm_kwargs: Any
+    ) -> PreparedImage:
+        """One of a prompt's ``num_images`` images, prepared for that count (a
+        ``PreparedImage`` of the other mode is a ValueError: its data would not fit)."""
+        multi_image = self.preparer.multi_image(num_images)
+        if not isinstance(image, PreparedImage):
+            return self.prepare_image(image, cache_salt, mm_kwargs, multi_image)
+        if image.multi_image != multi_image:
+            raise ValueError(
+                f"an image prepared with multi_image={image.multi_image} given to a prompt"
+                f" of {num_images} images, which takes multi_image={multi_image}"
+            )
+        return image
 
     def check_num_images(self, count: int) -> None:
         if count and not self.preparer.accepts_images:
@@ -216,7 +229,8 @@ class InputProcessor:
         merged_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The encoder-cache key: content hash, or the caller's uuid bound to the image's size
-        and token count (and the image processor's kwargs); either scoped by the tenant's
+        and token count (and the image processor's kwargs); either marked with the
+        multi-image mode where the image was prepared in it and scoped by the tenant's
         ``cache_salt``."""
         mm_hash = prepared.mm_hash
         if uuid is not None:
@@ -224,26 +238,34 @@ class InputProcessor:
             kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
             kwargs = without_sampling(kwargs)
             mm_hash = hash_uuid(uuid, mc.model, kwargs, prepared.length, prepared.size)
+        if prepared.multi_image:
+            mm_hash = multi_image_hash(mm_hash)
         return salted(mm_hash, cache_salt)
 
     def prepare_image(
-        self, source: Any, cache_salt: str | None = None, mm_kwargs: Any = None
+        self,
+        source: Any,
+        cache_salt: str | None = None,
+        mm_kwargs: Any = None,
+        multi_image: bool = False,
     ) -> PreparedImage:
-        """Decode, hash and preprocess one image, or take all three from the memo when these
-        exact bytes (or pixels) were seen before by the same tenant with the same processor
-        settings. Thread-safe."""
+        """Decode, hash and preprocess one image (in the multi-image mode if asked:
+        ``ImagePreparer.multi_image``), or take all three from the memo when these exact bytes
+        (or pixels) were seen before by the same tenant with the same processor settings and
+        mode. Thread-safe."""
         if not self.preparer.accepts_images:
             raise ValueError("this model does not accept images")
         merged = self.image_kwargs(mm_kwargs)
         preparer = self.preparers.get(merged)
         raw = preparer.read(source)
         if isinstance(raw, Image.Image):
-            key = f"{cache_salt or ''}|px:{preparer.content_hash(checked_image(raw))}"
+            mode = "multi|" if multi_image else ""
+            key = f"{cache_salt or ''}|{mode}px:{preparer.content_hash(checked_image(raw))}"
         else:
-            key = memo_key(raw, cache_salt, merged)
+            key = memo_key(raw, cache_salt, merged, multi_image)
         prepared = self.memo.get(key)
         if prepared is None:
-            prepared = preparer.prepare(raw)
+            prepared = preparer.prepare(raw, multi_image)
             self.memo.put(key, prepared)
         return prepared
 
@@ -259,13 +281,17 @@ def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.nda
 
 
 def memo_key(
-    raw: bytes | str, cache_salt: str | None = None, merged_kwargs: dict[str, Any] | None = None
+    raw: bytes | str,
+    cache_salt: str | None = None,
+    merged_kwargs: dict[str, Any] | None = None,
+    multi_image: bool = False,
 ) -> str:
-    """The memo key of encoded image bytes (or of a data URL, before decoding it), per tenant
-    and per image processor setting (``image_kwargs``; None: the engine's)."""
+    """The memo key of encoded image bytes (or of a data URL, before decoding it), per tenant,
+    per image processor setting (``image_kwargs``; None: the engine's) and per mode."""
     kind, data = ("url", raw.encode()) if isinstance(raw, str) else ("raw", raw)
     setting = "" if merged_kwargs is None else canonical(merged_kwargs)
-    return f"{cache_salt or ''}|{setting}|{kind}:{blake3.blake3(data).hexdigest()}"
+    mode = "multi|" if multi_image else ""
+    return f"{cache_salt or ''}|{setting}|{mode}{kind}:{blake3.blake3(data).hexdigest()}"
 
 
 def _no_loader(kwargs: dict[str, Any]) -> Any:

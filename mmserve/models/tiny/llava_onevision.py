@@ -163,12 +163,15 @@ class ImageOnlyOnevisionProcessor(LlavaOnevisionProcessor):
 
 
 def load_onevision_processor(path: Path) -> LlavaOnevisionProcessor:
-    """The checkpoint's processor (tokenizer, PIL image processor, ``processor_config.json``)."""
+    """The checkpoint's processor (tokenizer, PIL image processor, ``processor_config.json``
+    and the ``chat_template.json`` its ``apply_chat_template`` renders)."""
     settings = json.loads((path / "processor_config.json").read_text())
     settings.pop("processor_class", None)
+    template = json.loads((path / "chat_template.json").read_text())["chat_template"]
     tokenizer = AutoTokenizer.from_pretrained(path)
     return ImageOnlyOnevisionProcessor(
         image_processor=LlavaOnevisionImageProcessorPil.from_pretrained(path),
         tokenizer=tokenizer,
+        chat_template=template,
         **settings,
     )
