@@ -13,13 +13,16 @@ import sys
 from mmserve.bench.cli import add_bench_parser
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.cli_args import add_serve_parser
+from mmserve.extras import MissingExtra
 from mmserve.version import package_version
 
 
 def _generate(args: argparse.Namespace) -> int:
+    settings = EngineArgs.from_cli_args(args)
+    settings.validate()  # the store's checks too, before torch is imported
     from mmserve import LLM, SamplingParams
 
-    llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
+    llm = LLM(**dataclasses.asdict(settings))
     content: list[dict] = [{"type": "image_url", "image_url": {"url": p}} for p in args.image]
     content.append({"type": "text", "text": args.prompt})
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except (ValueError, MissingExtra) as exc:  # a bad setting, a missing optional dependency
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -5,11 +5,14 @@ classes only hold and validate them."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from mmserve.extras import require_extra
 
 GiB = 1 << 30
 DEFAULT_IMAGE_LIMIT = 16
@@ -19,6 +22,8 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpu-kernel", "torch", "flex")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+SECRET_ENV = "MMSERVE_ENCODER_STORE_SECRET"  # the store's MAC secret when the setting is unset
+MIN_SECRET_BYTES = 16
 
 
 DEVICE_SYNTAX = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
@@ -170,15 +175,69 @@ class EncoderStoreConfig:
             raise ValueError(f"encoder_store_timeout_ms must be > 0, got {self.timeout_ms!r}")
         if self.disk_dir == "":
             raise ValueError("encoder_store_dir must be a directory path, got ''")
-        if self.redis_url is not None and urlsplit(self.redis_url).scheme not in REDIS_SCHEMES:
-            raise ValueError(
-                "encoder_store_redis must be a redis://, rediss:// or unix:// URL,"
-                f" got {self.redis_url!r}"
-            )
+        if self.redis_url is not None:
+            check_redis_url(self.redis_url)
 
     @property
     def enabled(self) -> bool:
         return bool(self.ram_bytes or self.disk_dir or self.redis_url)
+
+    def given_secret(self) -> bytes | None:
+        """The MAC secret the deployment gives: the setting, else ``$MMSERVE_ENCODER_STORE_SECRET``
+        (None: neither; a disk-only or RAM-only store then makes its own)."""
+        secret = self.secret or os.environ.get(SECRET_ENV)
+        return secret.encode() if secret else None
+
+    def check_usable(self) -> None:
+        """What opening the store needs beyond in-range values, checked without connecting or
+        creating anything: a given secret of >= 16 bytes, required with L3 (replicas sharing
+        Redis must share it); the ``redis`` client with L3 (``MissingExtra`` naming the
+        ``store`` extra); an L2 directory that is, or can be created as, a writable directory.
+        ``open_encoder_store`` runs it, and ``mmserve`` before it loads or deploys anything."""
+        secret = self.given_secret()
+        if secret is not None:
+            check_secret(secret)
+        if self.redis_url is not None:
+            if secret is None:
+                raise ValueError(
+                    f"encoder_store_redis {self.redis_url!r} needs encoder_store_secret"
+                    f" (--encoder-store-secret) or ${SECRET_ENV}: replicas sharing Redis must"
+                    " share the MAC secret"
+                )
+            require_extra("redis", "store", "encoder_store_redis (--encoder-store-redis)")
+        if self.disk_dir is not None:
+            check_store_dir(self.disk_dir)
+
+
+def check_redis_url(url: str) -> None:
+    """ValueError unless ``url`` is a redis://, rediss:// or unix:// URL."""
+    if urlsplit(url).scheme not in REDIS_SCHEMES:
+        raise ValueError(
+            f"encoder_store_redis must be a redis://, rediss:// or unix:// URL, got {url!r}"
+        )
+
+
+def check_secret(secret: bytes) -> None:
+    """ValueError unless the store's MAC secret has at least ``MIN_SECRET_BYTES`` bytes."""
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"the encoder store secret (encoder_store_secret, --encoder-store-secret or"
+            f" ${SECRET_ENV}) must be >= {MIN_SECRET_BYTES} bytes, got {len(secret)}"
+        )
+
+
+def check_store_dir(path: str | Path) -> None:
+    """ValueError unless ``path`` is a writable directory or can be made one (its nearest
+    existing ancestor is a writable directory). Creates nothing."""
+    existing = Path(path)
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(
+            f"encoder_store_dir {str(path)!r} is not usable: {existing} is not a directory"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"encoder_store_dir {str(path)!r} is not writable ({existing})")
 
 
 @dataclass(frozen=True)

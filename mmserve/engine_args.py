@@ -2,8 +2,9 @@
 
 ``LLM(**kwargs)`` / ``LLMEngine.from_args`` take these names as keyword arguments, the ``serve``
 and ``generate`` commands get one flag per field from ``add_cli_args`` (vLLM's pattern), and
-``engine.loading.create_engine_config`` validates them once into the frozen configs.
-Torch-free, so building the CLI parser stays fast.
+``engine.loading.create_engine_config`` turns them into the frozen configs (whose range checks
+already run when an ``EngineArgs`` is made; ``validate`` adds the encoder store's). Torch-free,
+so building the CLI parser and checking the flags stay fast.
 """
 
 from __future__ import annotations
@@ -184,6 +185,20 @@ class EngineArgs:
                     f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image and video"
                     f" input only, got {modality}={count}; set it to 0 or leave it out"
                 )
+        # the frozen configs' own range checks, now rather than once a checkpoint is read
+        self.cache_config()
+        self.scheduler_config()
+        self.encoder_store_config()
+
+    def validate(self) -> None:
+        """Beyond the values (checked at construction): what the encoder store checks when it
+        opens (a given secret, required with Redis; the ``redis`` client, ``MissingExtra``
+        naming the extra; a usable directory), without connecting or creating anything.
+        ``mmserve`` runs it before it loads or deploys; checks that need the checkpoint
+        (``max_model_len``) or torch (``--device cuda``) stay with ``create_engine_config``."""
+        store = self.encoder_store_config()
+        if store is not None:
+            store.check_usable()
 
     def ignored_settings(self) -> list[str]:
         """A line for each vLLM setting that was given but has no effect here (logged)."""

@@ -8,20 +8,19 @@ requests then fail with a message naming ``--chat-template`` (completions still 
 
 from __future__ import annotations
 
-import codecs
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmserve.engine.chat_content_format import ContentFormat, detect_content_format
+from mmserve.engine.chat_template_arg import load_chat_template_arg
 
 NO_TEMPLATE_HELP = (
     "the model has no chat template (none in chat_template.jinja, chat_template.json, the"
     " tokenizer or processor config); start the engine with --chat-template PATH|TEMPLATE"
     " (LLM(..., chat_template=...)) or send a completion with a prompt instead"
 )
-_JINJA_CHARS = "{}\n"
 
 # How an image is written into a plain-text message (templates of the "string" format), per
 # ``hf_config.model_type``: the text the model's processor expands.
@@ -34,23 +33,6 @@ IMAGE_PLACEHOLDERS = {
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
-
-
-def load_chat_template_arg(value: str) -> str:
-    """``--chat-template``: the contents of the file it names, else the template itself (escape
-    sequences such as ``\\n`` decoded, as vLLM does). A value that looks like a path but names
-    no readable file is a ValueError."""
-    try:
-        return Path(value).expanduser().read_text()
-    except OSError as exc:
-        if not any(c in value for c in _JINJA_CHARS):
-            raise ValueError(
-                f"--chat-template {value!r} looks like a file path but cannot be read"
-                f" ({exc.strerror or exc}); pass an existing file or the template text"
-            ) from None
-    except ValueError:  # e.g. a NUL byte in a long template string
-        pass
-    return codecs.decode(value, "unicode_escape")
 
 
 def _named_default(value: Any) -> str | None:

@@ -29,22 +29,27 @@ _FIELDS = {  # generation_config.json key -> SamplingParams field
 }
 
 
+def check_generation_config(setting: str) -> None:
+    """ValueError unless ``--generation-config`` is 'auto', 'vllm' or a directory containing a
+    generation_config.json (run at start-up, and by ``mmserve`` before it loads anything)."""
+    if setting in ("auto", "vllm"):
+        return
+    if not (Path(setting).expanduser() / "generation_config.json").is_file():
+        raise ValueError(
+            f"--generation-config {setting!r}: expected 'auto', 'vllm' or a directory"
+            " containing generation_config.json"
+        )
+
+
 def load_generation_defaults(setting: str, model_dir: Path) -> dict[str, Any]:
     """Field -> default value for ``--generation-config setting`` (``{}`` for ``vllm``)."""
+    check_generation_config(setting)
     if setting == "vllm":
         return {}
-    if setting == "auto":
-        path = model_dir / "generation_config.json"
-        if not path.is_file():
-            return {}
-    else:
-        folder = Path(setting).expanduser()
-        path = folder / "generation_config.json"
-        if not path.is_file():
-            raise ValueError(
-                f"--generation-config {setting!r}: expected 'auto', 'vllm' or a directory"
-                " containing generation_config.json"
-            )
+    folder = model_dir if setting == "auto" else Path(setting).expanduser()
+    path = folder / "generation_config.json"
+    if not path.is_file():  # only for auto: a checkpoint may have none
+        return {}
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -9,6 +9,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from mmserve.config import check_secret
+
 MAGIC = b"MMES\x01"
 MAC_BYTES = 32
 MAC_CONTEXT = "mmserve 2026 encoder store value MAC v1"
@@ -33,8 +35,7 @@ class StoreCodec:
     """
 
     def __init__(self, secret: bytes, dtype: torch.dtype) -> None:
-        if len(secret) < 16:
-            raise ValueError(f"encoder store secret must be >= 16 bytes, got {len(secret)}")
+        check_secret(secret)
         self._mac_key = blake3.blake3(secret, derive_key_context=MAC_CONTEXT).digest()
         self.dtype = dtype
 

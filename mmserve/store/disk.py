@@ -9,6 +9,8 @@ import uuid
 from collections import OrderedDict
 from pathlib import Path
 
+from mmserve.config import check_store_dir
+
 SUFFIX = ".mmes"
 STALE_TEMP_SECONDS = 3600.0
 
@@ -29,13 +31,12 @@ class DiskTier:
     def __init__(self, root: str | Path, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"encoder store disk capacity must be >= 1 byte, got {capacity}")
+        check_store_dir(root)  # the rule `mmserve` checks before loading
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
+        except OSError as exc:  # e.g. made a file since the check
             raise ValueError(f"encoder_store_dir {str(root)!r} is not usable: {exc}") from exc
-        if not os.access(self.root, os.W_OK):
-            raise ValueError(f"encoder_store_dir {str(root)!r} is not writable")
         self.capacity = capacity
         self.num_bytes = 0
         self._index: OrderedDict[str, int] = OrderedDict()

@@ -20,21 +20,18 @@ from mmserve.store.store import ByteTier, EncoderStore
 
 logger = logging.getLogger(__name__)
 
-SECRET_ENV = "MMSERVE_ENCODER_STORE_SECRET"
 SECRET_FILE = ".mmserve-store-secret"
 
 
 def resolve_secret(config: EncoderStoreConfig) -> bytes:
-    """The setting, else the environment; for a disk-only store a random secret kept (0600) in
-    its directory; else random per process (L1 alone never serializes)."""
-    secret = config.secret or os.environ.get(SECRET_ENV)
-    if secret:
-        return secret.encode()
-    if config.redis_url:
-        raise ValueError(
-            f"encoder_store_redis {config.redis_url!r} needs encoder_store_secret (or"
-            f" ${SECRET_ENV}): replicas sharing Redis must share the MAC secret"
-        )
+    """The given secret (setting or environment); else for a disk-only store a random secret
+    kept (0600) in its directory; else random per process (L1 alone never serializes).
+    Runs ``config.check_usable`` first, the checks `mmserve` ran before loading (ValueError:
+    e.g. a Redis tier without a given secret)."""
+    config.check_usable()
+    secret = config.given_secret()
+    if secret is not None:
+        return secret
     if config.disk_dir is None:
         return os.urandom(32)
     path = Path(config.disk_dir) / SECRET_FILE
@@ -62,6 +59,7 @@ def _written_secret(path: Path, attempts: int = 50) -> bytes:
 def open_encoder_store(
     config: EncoderStoreConfig, model_path: Path, dtype: str, torch_dtype: torch.dtype
 ) -> EncoderStore:
+    secret = resolve_secret(config)  # first: its checks are what `mmserve` ran before loading
     fingerprint = weights_fingerprint(model_path)
     tiers: list[ByteTier] = []
     if config.disk_dir is not None:
@@ -71,7 +69,7 @@ def open_encoder_store(
         tiers.append(RedisTier(config.redis_url, config.ttl_s, timeout_s))
     store = EncoderStore(
         StoreKeyer(fingerprint, dtype),
-        StoreCodec(resolve_secret(config), torch_dtype),
+        StoreCodec(secret, torch_dtype),
         RamTier(config.ram_bytes) if config.ram_bytes else None,
         tiers,
         config.write_queue,

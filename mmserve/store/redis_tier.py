@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
-from mmserve.config import REDIS_SCHEMES
+from mmserve.config import check_redis_url
+from mmserve.extras import require_extra
 
 KEY_PREFIX = "mmserve:enc:"
 
@@ -29,12 +29,9 @@ class RedisTier:
     name = "redis"
 
     def __init__(self, url: str, ttl_s: int, timeout_s: float, cooldown_s: float = 5.0) -> None:
-        import redis  # optional dependency (the ``store`` extra): imported only when used
-
-        if urlsplit(url).scheme not in REDIS_SCHEMES:
-            raise ValueError(
-                f"encoder_store_redis must be a redis://, rediss:// or unix:// URL, got {url!r}"
-            )
+        # the optional ``redis`` client (the ``store`` extra): imported only when used
+        redis = require_extra("redis", "store", "encoder_store_redis (--encoder-store-redis)")
+        check_redis_url(url)
         if ttl_s < 1:
             raise ValueError(f"encoder_store_ttl must be >= 1 second, got {ttl_s}")
         self.url = url

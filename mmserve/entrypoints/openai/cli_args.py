@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from mmserve.arg_types import parse_bytes
+from mmserve.engine.chat_template_arg import load_chat_template_arg
+from mmserve.engine.generation_defaults import check_generation_config
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.limits import add_limit_flags, limits_from_args
 from mmserve.entrypoints.openai.policy import HTTPPolicy, ui_default
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
 from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
+from mmserve.extras import require_extra
 
 DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -267,11 +270,28 @@ def engine_args(args: argparse.Namespace) -> EngineArgs:
     return EngineArgs.from_cli_args(args)
 
 
-def run_server(args: argparse.Namespace) -> int:
-    """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
-    engine_args(args)  # settings errors before torch is imported
+def validate_serve_flags(args: argparse.Namespace) -> EngineArgs:
+    """Every check the server, the engine, its store and the Ray app make on the ``serve``
+    flags, run through their own code in this process before anything loads or is deployed,
+    without torch: ValueError naming the flag, ``MissingExtra`` naming the extra to install
+    (``mmserve`` prints either as one line, exit code 2). Returns the engine settings."""
+    settings = engine_args(args)  # values, the frozen configs' checks included
     check_server_flags(args)
     check_ray_flags(args)
+    http_policy(args)
+    media_policy(args)
+    settings.validate()  # the encoder store's: secret, redis client, directory
+    if settings.chat_template is not None:
+        load_chat_template_arg(settings.chat_template)
+    check_generation_config(settings.generation_config)
+    if wants_ray(args):
+        require_extra("ray.serve", "ray", "--replicas / --ray-autoscaling (Ray Serve)")
+    return settings
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
+    validate_serve_flags(args)  # every settings error before a model loads or Ray starts
     if wants_ray(args):  # by name: Ray is imported only here (the `mmserve[ray]` extra)
         return int(importlib.import_module("mmserve.entrypoints.ray.launch").run(args))
     # by name: the flags module stays free of the server's imports (and of an import cycle)

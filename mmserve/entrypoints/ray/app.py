@@ -24,8 +24,8 @@ from mmserve.entrypoints.openai.cli_args import (
     engine_args,
     http_policy,
     media_policy,
+    validate_serve_flags,
 )
-from mmserve.entrypoints.ray.flags import check_ray_flags
 from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.entrypoints.ray.replica import EngineReplica
 from mmserve.entrypoints.ray.routed_engine import RoutedEngine
@@ -106,10 +106,9 @@ def replica_options(args: argparse.Namespace, settings: EngineArgs) -> dict[str,
 
 
 def build_app(args: argparse.Namespace) -> Application:
-    """The application of parsed ``mmserve serve`` flags (``--replicas`` and friends)."""
-    check_server_flags(args)
-    check_ray_flags(args)
-    settings = engine_args(args)
+    """The application of parsed ``mmserve serve`` flags (``--replicas`` and friends), checked
+    here as the CLI checks them (a config file too), before a replica or the ingress starts."""
+    settings = validate_serve_flags(args)
     replica = serve.deployment(**replica_options(args, settings))(EngineReplica)
     threads = max(1, int(args.replica_cpus))
     replicas = replica.bind(
