@@ -60,8 +60,9 @@ def one_run(model: str, flags: list[str], threads: int, seed: int, count: int) -
         urls = [image_url(seed * 100 + i) for i in range(count)]  # made before timing
         times = []
         for url in urls:
-            parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]
-            body = {"model": model, "messages": [{"role": "user", "content": parts}],
+            image = {"type": "image_url", "image_url": {"url": url}}
+            content = [image, {"type": "text", "text": "What is in the picture?"}]
+            body = {"model": model, "messages": [{"role": "user", "content": content}],
                     "max_tokens": 1, "temperature": 0}  # fmt: skip
             t = time.perf_counter()
             r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
