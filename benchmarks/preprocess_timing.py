@@ -3,7 +3,7 @@
 For each model and resolution (``mmserve.bench.images``' deterministic photo-like images):
 
 - ``processor``: the preprocessing call alone on a decoded RGB image: the HF processor
-  (``hf``) and ``fast_image_processing`` in its ``exact`` and ``fast`` modes;
+  (``hf``) and ``image.fast`` in its ``exact`` and ``fast`` modes;
 - ``admission``: the whole ``ImagePreparer.prepare`` on JPEG bytes (decode + content hash +
   preprocessing), per mode.
 
@@ -32,8 +32,8 @@ import transformers
 
 from mmserve.bench.images import synthetic_image
 from mmserve.engine.loading import build_model_config, load_image_processor
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.image_prep import IMAGE_INPUTS, ImagePreparer
+from mmserve.multimodal.image.prep import IMAGE_INPUTS, ImagePreparer
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 
 MODES = ("hf", "exact", "fast")
 

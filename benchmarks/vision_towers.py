@@ -27,7 +27,7 @@ from PIL import Image
 
 from mmserve.bench.priority import add_priority_arg, apply_priority
 from mmserve.engine.loading import build_model_config, load_image_processor, load_model
-from mmserve.multimodal.image_prep import IMAGE_INPUTS
+from mmserve.multimodal.image.prep import IMAGE_INPUTS
 
 
 def transformers_encoder(name: str, path: Any) -> Callable[[list[Any]], list[torch.Tensor]]:

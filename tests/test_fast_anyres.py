@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from mmserve.engine.loading import build_model_config, load_image_processor
-from mmserve.multimodal.anyres import hf_anyres
-from mmserve.multimodal.fast_anyres import AnyresImageProcessing
-from mmserve.multimodal.fast_image_processing import fast_image_processor
-from mmserve.multimodal.fast_pixels import FAST_RESIZE_MAX_LEVELS
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.image_prep import ImagePreparer
+from mmserve.multimodal.image.anyres import hf_anyres
+from mmserve.multimodal.image.fast import fast_image_processor
+from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.image.fast_pixels import FAST_RESIZE_MAX_LEVELS
+from mmserve.multimodal.image.prep import ImagePreparer
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 from tests.test_fast_preprocessing import MODES, image_in_mode, picture
 
 PRESETS = ["tiny-llava-onevision", "tiny-llava-next", "tiny-llava-onevision-small"]

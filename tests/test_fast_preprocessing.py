@@ -18,14 +18,14 @@ from transformers import CLIPImageProcessorPil, Qwen2VLImageProcessorPil
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.loading import load_image_processor
 from mmserve.models.tiny import resolve_model_path
-from mmserve.multimodal.fast_clip import ClipImageProcessing
-from mmserve.multimodal.fast_image_processing import fast_image_processor
-from mmserve.multimodal.fast_pixels import FAST_RESIZE_MAX_LEVELS
-from mmserve.multimodal.fast_qwen2_vl import Qwen2VLImageProcessing
 from mmserve.multimodal.hashing import hash_image
-from mmserve.multimodal.image_prep import PREPROCESSING_ENV, ImagePreparer
-from mmserve.multimodal.media import decode_image
-from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.image.decode import decode_image
+from mmserve.multimodal.image.fast import fast_image_processor
+from mmserve.multimodal.image.fast_clip import ClipImageProcessing
+from mmserve.multimodal.image.fast_pixels import FAST_RESIZE_MAX_LEVELS
+from mmserve.multimodal.image.fast_qwen2_vl import Qwen2VLImageProcessing
+from mmserve.multimodal.image.prep import PREPROCESSING_ENV, ImagePreparer
+from mmserve.multimodal.media.workers import MediaWorkers
 from tests.conftest import make_image
 
 SIZES = [(1280, 720), (720, 1280), (1920, 1080), (96, 80), (30, 20), (1, 1), (500, 3)]

@@ -298,7 +298,7 @@ def test_a_fatal_device_error_fails_everything_and_marks_the_engine_dead(abc, mo
 
 # ---- 7. hash collisions and max_model_len --------------------------------------------------------
 def test_hash_collision_is_a_miss(monkeypatch):
-    import mmserve.multimodal.image_prep as processor_module
+    import mmserve.multimodal.image.prep as processor_module
 
     monkeypatch.setattr(processor_module, "hash_image", lambda *args: "0" * 64)
     x, y = (png_bytes(make_image(5, (252, 252))), png_bytes(make_image(6, (504, 364))))

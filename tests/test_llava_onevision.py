@@ -23,8 +23,8 @@ from mmserve.engine.loading import build_model_config
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.llava_onevision import load_onevision_processor
-from mmserve.multimodal.anyres import AnyresGeometry, anyres_inputs, hf_anyres
 from mmserve.multimodal.budget import compute_encoder_budget
+from mmserve.multimodal.image.anyres import AnyresGeometry, anyres_inputs, hf_anyres
 from tests.conftest import assert_no_leaks, make_image
 from tests.openai_server import image_messages, openai_client, serve_model
 

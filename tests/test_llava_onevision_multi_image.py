@@ -15,7 +15,7 @@ from PIL import Image
 from mmserve import LLM, SamplingParams
 from mmserve.engine.loading import build_model_config
 from mmserve.models.registry import resolve_architecture
-from mmserve.multimodal.anyres import AnyresGeometry
+from mmserve.multimodal.image.anyres import AnyresGeometry
 from tests.conftest import assert_no_leaks, make_image
 from tests.test_llava_onevision import MODEL, reference
 

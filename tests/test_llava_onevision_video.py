@@ -25,11 +25,11 @@ from mmserve.inputs import VideoFrames
 from mmserve.models.llava_onevision import pool_frames
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.llava_onevision import IDS, load_onevision_processor
-from mmserve.multimodal.onevision_video import (
+from mmserve.multimodal.video.onevision import (
     load_onevision_video_settings,
     preprocess_onevision_video,
 )
-from mmserve.multimodal.video_prep import video_frames
+from mmserve.multimodal.video.prep import video_frames
 from tests.conftest import assert_no_leaks, make_image
 from tests.video_helpers import make_video
 

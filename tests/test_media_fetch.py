@@ -27,15 +27,16 @@ import httpx
 import pytest
 from PIL import Image
 
-from mmserve.multimodal import media_fetch_errors, offline_media
-from mmserve.multimodal.fetch_policy import (
+from mmserve.multimodal.image.decode import ImageTooLargeError
+from mmserve.multimodal.media import errors as media_fetch_errors
+from mmserve.multimodal.media import offline as offline_media
+from mmserve.multimodal.media.errors import MediaFetchError
+from mmserve.multimodal.media.fetch import MediaFetcher, Resolver
+from mmserve.multimodal.media.policy import (
     CLOUD_METADATA_ADDRESSES,
     MediaFetchPolicy,
     address_refusal,
 )
-from mmserve.multimodal.media import ImageTooLargeError
-from mmserve.multimodal.media_fetch import MediaFetcher, Resolver
-from mmserve.multimodal.media_fetch_errors import MediaFetchError
 
 LOOPBACK = ("127.0.0.1", "::1")
 LOCAL_NET = MediaFetchPolicy.parse_networks("127.0.0.1/32")

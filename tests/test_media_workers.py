@@ -15,8 +15,8 @@ import pytest
 
 from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
-from mmserve.multimodal.media_fetch import MediaFetcher
-from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.workers import MediaWorkers
 from tests.conftest import make_image
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 
 from mmserve import LLM
 from mmserve.multimodal.hashing import hash_image, hash_uuid
-from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
+from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
 
 PROMPT = "USER: <image>\nA <image>\nB ASSISTANT:"
 

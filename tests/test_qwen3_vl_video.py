@@ -25,9 +25,9 @@ from transformers.video_utils import VideoMetadata
 from mmserve import LLM
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
-from mmserve.multimodal.qwen3_video import load_qwen3_video_settings
-from mmserve.multimodal.video_prep import video_frames
-from mmserve.multimodal.video_processing import preprocess_video
+from mmserve.multimodal.video.prep import video_frames
+from mmserve.multimodal.video.qwen2_vl import preprocess_video
+from mmserve.multimodal.video.qwen3 import load_qwen3_video_settings
 from tests.conftest import assert_no_leaks, make_image
 from tests.test_qwen_video import GREEDY, IMAGE, VIDEO, check, make_frames, prompt
 
@@ -218,9 +218,9 @@ def test_group_bound_holds_for_every_shape():
 def test_encoded_video_is_sampled_as_transformers_samples(ref):
     """Bytes decode to the frames ``Qwen3VLVideoProcessor.sample_frames`` keeps (not the
     Qwen2-VL rule's), then parity with transformers fed every decoded frame."""
-    from mmserve.multimodal.qwen3_video import Qwen3VideoSampling
-    from mmserve.multimodal.video import decode_video
-    from mmserve.multimodal.video_sampling import VideoSampling
+    from mmserve.multimodal.video.decode import decode_video
+    from mmserve.multimodal.video.qwen3 import Qwen3VideoSampling
+    from mmserve.multimodal.video.sampling import VideoSampling
     from tests.video_helpers import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps: 4 frames at 2 fps
@@ -243,8 +243,8 @@ def test_engine_sampling_above_the_checkpoint_is_applied_once(ref, sampling, enc
     sees the frames sampled once with them (8 or 10 of 12, not 4), as transformers' video
     processor samples every frame with the same ``fps`` / ``num_frames``; bytes (sampled by
     the decoder) and frames given decoded alike."""
-    from mmserve.multimodal.video import decode_video
-    from mmserve.multimodal.video_sampling import VideoSampling
+    from mmserve.multimodal.video.decode import decode_video
+    from mmserve.multimodal.video.sampling import VideoSampling
     from tests.video_helpers import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
@@ -265,8 +265,8 @@ def test_request_sampling_is_applied_once(ref, encoded):
     """A request's ``mm_processor_kwargs`` ``fps`` / ``num_frames`` (as Qwen2-VL's take them)
     pick the frames once, as transformers' video processor samples every frame with the same
     arguments; the next request without them gets the checkpoint's 2 fps again."""
-    from mmserve.multimodal.video import decode_video
-    from mmserve.multimodal.video_sampling import VideoSampling
+    from mmserve.multimodal.video.decode import decode_video
+    from mmserve.multimodal.video.sampling import VideoSampling
     from tests.video_helpers import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps

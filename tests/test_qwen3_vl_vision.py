@@ -14,7 +14,7 @@ from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 
 from mmserve.engine.loading import build_model_config, load_image_processor
 from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
-from mmserve.multimodal.fast_image_processing import fast_image_processor
+from mmserve.multimodal.image.fast import fast_image_processor
 from tests.conftest import make_image
 from tests.tower_helpers import qwen_tower_pair
 

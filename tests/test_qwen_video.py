@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoTokenizer, Qwen2VLImageProcessorPil
 from mmserve import LLM, SamplingParams
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
-from mmserve.multimodal.video_prep import video_frames
-from mmserve.multimodal.video_processing import load_video_settings, preprocess_video
+from mmserve.multimodal.video.prep import video_frames
+from mmserve.multimodal.video.qwen2_vl import load_video_settings, preprocess_video
 from tests.conftest import assert_no_leaks, make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]

@@ -11,9 +11,9 @@ import av
 import numpy as np
 import pytest
 
-from mmserve.multimodal.media import VideoTooLargeError
-from mmserve.multimodal.video import VideoLimits, decode_video
-from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.image.decode import VideoTooLargeError
+from mmserve.multimodal.video.decode import VideoLimits, decode_video
+from mmserve.multimodal.video.sampling import VideoSampling
 from tests.video_helpers import frame_index, hf_sample_frames, make_video
 
 HF_SAMPLE = hf_sample_frames()

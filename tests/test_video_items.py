@@ -23,12 +23,12 @@ from mmserve.config import ModelConfig
 from mmserve.engine.loading import build_model_config, load_model
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.video_inputs import VideoInputs
-from mmserve.multimodal.video_prep import prepare_video, video_frames
-from mmserve.multimodal.video_processing import load_video_settings, preprocess_video
-from mmserve.multimodal.video_sampling import VideoSampling
-from mmserve.multimodal.video_source import VideoLoader
+from mmserve.multimodal.media.policy import MediaFetchPolicy
+from mmserve.multimodal.video.inputs import VideoInputs
+from mmserve.multimodal.video.prep import prepare_video, video_frames
+from mmserve.multimodal.video.qwen2_vl import load_video_settings, preprocess_video
+from mmserve.multimodal.video.sampling import VideoSampling
+from mmserve.multimodal.video.source import VideoLoader
 from tests.conftest import make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]

@@ -19,12 +19,12 @@ from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.cli_args import media_policy
 from mmserve.inputs import ProcessedPrompt, VideoFrames
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.media import ImageTooLargeError, VideoTooLargeError
-from mmserve.multimodal.media_fetch import MediaFetcher
-from mmserve.multimodal.media_fetch_errors import MediaFetchError
-from mmserve.multimodal.media_workers import MediaWorkers
-from mmserve.multimodal.video_memo import PreparedVideoMemo
+from mmserve.multimodal.image.decode import ImageTooLargeError, VideoTooLargeError
+from mmserve.multimodal.media.errors import MediaFetchError
+from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.policy import MediaFetchPolicy
+from mmserve.multimodal.media.workers import MediaWorkers
+from mmserve.multimodal.video.memo import PreparedVideoMemo
 from tests.bait_server import BaitServer
 from tests.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
 from tests.video_helpers import frame_index, make_video

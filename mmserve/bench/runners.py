@@ -110,7 +110,7 @@ class TransformersRunner:
         self.image_token_id = self.ref.model.config.image_token_id
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
-        from mmserve.multimodal.media import load_image
+        from mmserve.multimodal.image.decode import load_image
 
         start = time.monotonic()
         conv, images, _, _ = parse_chat_messages(messages)

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mmserve.inputs import ProcessedPrompt, VideoFrames
-from mmserve.multimodal.fetch_policy import MediaKind
-from mmserve.multimodal.image_memo import PreparedImage
-from mmserve.multimodal.media_fetch import MediaFetcher, is_http_url
-from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.image.memo import PreparedImage
+from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url
+from mmserve.multimodal.media.policy import MediaKind
+from mmserve.multimodal.media.workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
-from mmserve.multimodal.video_memo import AnyPreparedVideo, VideoLookup
+from mmserve.multimodal.video.memo import AnyPreparedVideo, VideoLookup
 
 if TYPE_CHECKING:
     from mmserve.engine.llm_engine import LLMEngine
@@ -148,7 +148,7 @@ class Admission:
         videos: Sequence[Any] = (),
     ) -> ProcessedPrompt:
         """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch);
-        ``videos``: video sources (``video_source``), decoded and preprocessed off the loop."""
+        ``videos``: video sources (``video.source``), decoded and preprocessed off the loop."""
         processor = self.engine.processor
         processor.check_num_images(len(images))  # before any fetch or decode
         processor.videos.check_count(len(videos))

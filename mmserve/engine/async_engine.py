@@ -51,8 +51,8 @@ from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.request_lifecycle import RequestLifecycle
 from mmserve.engine.warmup import warmup_image_bytes
 from mmserve.inputs import ProcessedPrompt
-from mmserve.multimodal.media_fetch import MediaFetcher
-from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from mmserve.engine.warmup import WarmupReport, run_warmup_request
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
 from mmserve.layers.attention import select_attention_backend
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.request import RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.store import EncoderStore, open_encoder_store

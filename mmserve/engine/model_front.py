@@ -12,7 +12,7 @@ from mmserve.config import EngineConfig
 from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.generation_defaults import build_sampling_params, describe_defaults
 from mmserve.engine.loading import load_image_processor, load_tokenizer
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams
 

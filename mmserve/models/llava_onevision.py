@@ -24,8 +24,8 @@ from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.llava import LLAVA_RENAME_RULES, LlavaProjector
 from mmserve.models.loader import load_safetensors
 from mmserve.models.siglip_vision import SiglipVisionTower
-from mmserve.multimodal.anyres import AnyresGeometry
-from mmserve.multimodal.onevision_video import pooled_frame_tokens
+from mmserve.multimodal.image.anyres import AnyresGeometry
+from mmserve.multimodal.video.onevision import pooled_frame_tokens
 
 ANYRES_RENAME_RULES = [(r"^model\.image_newline$", "image_newline"), *LLAVA_RENAME_RULES]
 

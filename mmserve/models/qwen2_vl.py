@@ -28,7 +28,7 @@ from mmserve.layers.transfer import to_device_like
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
 from mmserve.models.qwen2_vl_vision import Grid, Qwen2VisionTransformer
-from mmserve.multimodal.video_processing import load_video_settings
+from mmserve.multimodal.video.qwen2_vl import load_video_settings
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
 QWEN2_VL_RENAME_RULES = [

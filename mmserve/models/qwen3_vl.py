@@ -42,7 +42,7 @@ from mmserve.models.qwen2_vl import (
 from mmserve.models.qwen2_vl_vision import Grid
 from mmserve.models.qwen3_vl_text import Qwen3VLTextModel
 from mmserve.models.qwen3_vl_vision import Qwen3VisionTransformer
-from mmserve.multimodal.qwen3_video import load_qwen3_video_settings
+from mmserve.multimodal.video.qwen3 import load_qwen3_video_settings
 
 
 def num_deepstack_layers(hf_config: Any) -> int:

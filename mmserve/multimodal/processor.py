@@ -12,29 +12,29 @@ from PIL import Image
 
 from mmserve.config import ModelConfig
 from mmserve.inputs import MultiModalItem, ProcessedPrompt
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
 from mmserve.multimodal.hashing import hash_uuid, multi_image_hash, salted
-from mmserve.multimodal.image_memo import PreparedImage, ProcessedImageMemo
-from mmserve.multimodal.image_prep import ImagePreparer
-from mmserve.multimodal.image_text_expansion import ImageTextExpander
-from mmserve.multimodal.media import checked_image
-from mmserve.multimodal.onevision_video import PreparedOnevisionVideo
-from mmserve.multimodal.qwen3_video import (
-    QWEN3_VL_ARCHITECTURE,
-    Qwen3VideoSampling,
-    timestamp_tokens,
-)
+from mmserve.multimodal.image.decode import checked_image
+from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
+from mmserve.multimodal.image.prep import ImagePreparer
+from mmserve.multimodal.image.text_expansion import ImageTextExpander
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.request_kwargs import (
     PreparerCache,
     canonical,
     check_request_kwargs,
     image_kwargs,
 )
-from mmserve.multimodal.video_inputs import VideoInputs
-from mmserve.multimodal.video_memo import AnyPreparedVideo
-from mmserve.multimodal.video_prep import PreparedVideo
-from mmserve.multimodal.video_sampling import VideoSampling, without_sampling
-from mmserve.multimodal.video_source import VideoLoader
+from mmserve.multimodal.video.inputs import VideoInputs
+from mmserve.multimodal.video.memo import AnyPreparedVideo
+from mmserve.multimodal.video.onevision import PreparedOnevisionVideo
+from mmserve.multimodal.video.prep import PreparedVideo
+from mmserve.multimodal.video.qwen3 import (
+    QWEN3_VL_ARCHITECTURE,
+    Qwen3VideoSampling,
+    timestamp_tokens,
+)
+from mmserve.multimodal.video.sampling import VideoSampling, without_sampling
+from mmserve.multimodal.video.source import VideoLoader
 
 
 class InputProcessor:
@@ -154,7 +154,7 @@ class InputProcessor:
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
     ) -> AnyPreparedVideo:
-        """Read, decode, sample, hash and preprocess one video (any ``video_source`` input)
+        """Read, decode, sample, hash and preprocess one video (any ``video.source`` input)
         with the prompt's processor settings, or take it from the memo by its content hash
         (per tenant). Thread-safe; blocking (never call it on the event loop)."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mmserve.config import ModelConfig
-from mmserve.multimodal.image_prep import ImagePreparer
-from mmserve.multimodal.video_sampling import VIDEO_KWARGS, without_sampling
+from mmserve.multimodal.image.prep import ImagePreparer
+from mmserve.multimodal.video.sampling import VIDEO_KWARGS, without_sampling
 
 FIELD = "mm_processor_kwargs"
 _PIXELS = ("min_pixels", "max_pixels")

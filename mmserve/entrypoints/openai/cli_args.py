@@ -233,7 +233,7 @@ def http_policy(args: argparse.Namespace) -> HTTPPolicy:
 
 def media_policy(args: argparse.Namespace) -> Any:
     """The ``MediaFetchPolicy`` of the media flags (ValueError naming a bad value)."""
-    from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+    from mmserve.multimodal.media.policy import MediaFetchPolicy
 
     media = args.allowed_local_media_path
     local = Path(media).expanduser().resolve() if media else None

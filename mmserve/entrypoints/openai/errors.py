@@ -26,7 +26,7 @@ from mmserve.engine.errors import (
 )
 from mmserve.entrypoints.openai.json_guard import GuardBusy
 from mmserve.entrypoints.openai.limits import LimitExceeded
-from mmserve.multimodal.media import MediaTooLargeError, VideoTooLargeError
+from mmserve.multimodal.image.decode import MediaTooLargeError, VideoTooLargeError
 
 
 class ClientGone(Exception):
@@ -130,7 +130,8 @@ def validation_error(errors: list[Any]) -> APIError:
 
 def _is_too_large(exc: BaseException) -> bool:
     """MediaTooLargeError, or a ValueError raised while handling PIL's DecompressionBombError
-    (``media`` re-raises that one as a plain ValueError ``from None``; ``__context__`` keeps it)."""
+    (``image.decode`` re-raises that one as a plain ValueError ``from None``; ``__context__``
+    keeps it)."""
     seen = 0
     while exc is not None and seen < 8:
         if isinstance(exc, (MediaTooLargeError, Image.DecompressionBombError)):

@@ -32,8 +32,8 @@ from mmserve.entrypoints.openai.cli_args import (
     http_policy,
     media_policy,
 )
-from mmserve.multimodal.media_fetch import MediaFetcher
-from mmserve.multimodal.media_workers import MediaWorkers
+from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.workers import MediaWorkers
 
 logger = logging.getLogger(__name__)
 

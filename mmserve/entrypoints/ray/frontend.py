@@ -12,7 +12,7 @@ from mmserve.engine.model_front import ModelFront
 from mmserve.engine.prompt_limits import checked_prompt
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 
 

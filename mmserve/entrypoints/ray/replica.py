@@ -17,7 +17,7 @@ from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.ray.frontend import ReplicaFacts
 from mmserve.entrypoints.ray.rendezvous import RouteKey
 from mmserve.inputs import ProcessedPrompt
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
+from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

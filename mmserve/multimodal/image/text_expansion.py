@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from mmserve.inputs import MultiModalItem, ProcessedPrompt
-from mmserve.multimodal.image_memo import PreparedImage
-from mmserve.multimodal.image_prep import ImageText
+from mmserve.multimodal.image.memo import PreparedImage
+from mmserve.multimodal.image.prep import ImageText
 
 Tokenize = Callable[[str | Sequence[int]], list[int]]
 ItemKey = Callable[[int, PreparedImage], str]

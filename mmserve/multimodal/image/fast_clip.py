@@ -1,5 +1,5 @@
 """The ``CLIPImageProcessor`` (LLaVA) redone in uint8 until the last step (see
-``fast_image_processing``, which builds ``ClipImageProcessing`` from a processor's settings)."""
+``image.fast``, which builds ``ClipImageProcessing`` from a processor's settings)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from transformers.image_transforms import center_crop, get_resize_output_image_s
 from transformers.image_utils import ChannelDimension
 
 if TYPE_CHECKING:
-    from mmserve.multimodal.fast_pixels import PixelSteps
+    from mmserve.multimodal.image.fast_pixels import PixelSteps
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Decode an image from PIL / bytes / path / data URL / http(s) URL, with size limits, as RGB.
 
-Reading URLs and files is the ``MediaFetcher``'s job (``media_fetch``): its policy decides
+Reading URLs and files is the ``MediaFetcher``'s job (``media.fetch``): its policy decides
 what may be read."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image, UnidentifiedImageError
 
 if TYPE_CHECKING:
-    from mmserve.multimodal.media_fetch import MediaFetcher
+    from mmserve.multimodal.media.fetch import MediaFetcher
 
 MAX_IMAGE_BYTES = 20 << 20
 MAX_VIDEO_BYTES = 128 << 20
@@ -50,8 +50,8 @@ def read_image_source(source: Any, fetcher: MediaFetcher | None = None) -> Any:
     if not isinstance(source, str):
         raise ValueError(f"unsupported image input of type {type(source).__name__}")
     if fetcher is None:
-        from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-        from mmserve.multimodal.media_fetch import MediaFetcher
+        from mmserve.multimodal.media.fetch import MediaFetcher
+        from mmserve.multimodal.media.policy import MediaFetchPolicy
 
         fetcher = MediaFetcher(MediaFetchPolicy(allowed_local_path=True))
     return fetcher.load_blocking(source)

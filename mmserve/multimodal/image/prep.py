@@ -1,8 +1,8 @@
 """One image -> ``PreparedImage``: decode, content hash, the model's image preprocessing.
 
 ``ImagePreparer`` has no cache and holds only picklable state, so admission threads and the
-media worker processes (``media_workers``) run the very same code. Preprocessing runs the fast
-path of ``fast_image_processing`` where it covers the processor's settings and the HF image
+media worker processes (``media.workers``) run the very same code. Preprocessing runs the fast
+path of ``image.fast`` where it covers the processor's settings and the HF image
 processor elsewhere; the mode comes from the ``preprocessing`` argument, else from
 ``$MMSERVE_IMAGE_PREPROCESSING``, else it is ``"exact"`` (pixel values bit-identical to the HF
 processor's; ``"fast"`` is faster and not token-identical, ``"hf"`` runs the processor).
@@ -22,20 +22,20 @@ from typing import Any
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.multimodal.anyres import anyres_inputs, base_only_inputs, hf_anyres, hf_base_only
-from mmserve.multimodal.fast_anyres import AnyresImageProcessing
-from mmserve.multimodal.fast_image_processing import (
+from mmserve.multimodal.hashing import hash_image
+from mmserve.multimodal.image.anyres import anyres_inputs, base_only_inputs, hf_anyres, hf_base_only
+from mmserve.multimodal.image.decode import checked_image, decode_image, read_image_source
+from mmserve.multimodal.image.fast import (
     DEFAULT_PREPROCESSING,
     PREPROCESSING_MODES,
     FastImageProcessing,
     fast_image_processor,
 )
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.hashing import hash_image
-from mmserve.multimodal.image_memo import PreparedImage
-from mmserve.multimodal.media import checked_image, decode_image, read_image_source
-from mmserve.multimodal.media_fetch import MediaFetcher
-from mmserve.multimodal.video_sampling import without_sampling
+from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.image.memo import PreparedImage
+from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.policy import MediaFetchPolicy
+from mmserve.multimodal.video.sampling import without_sampling
 
 PREPROCESSING_ENV = "MMSERVE_IMAGE_PREPROCESSING"
 
@@ -119,7 +119,7 @@ def _fast_base_only(fast: FastImageProcessing) -> FastCall | None:
 @dataclass(frozen=True)
 class ImageInputs:
     """One architecture's glue: ``hf`` runs the HF processor on one image; ``fast`` picks the
-    call of the fast path (``fast_image_processing``) that returns the same (None: the HF
+    call of the fast path (``image.fast``) that returns the same (None: the HF
     processor runs); ``inputs`` turns that into the model's image data and its embedding
     count. ``image_text`` (Gemma 3): see ``ImageText``. ``multi_image``: the glue for each
     image of a prompt with several, where the family has such a mode (LLaVA-OneVision: base

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import blake3
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.image_memo import DEFAULT_MEMO_BYTES, ByteBoundedMemo
-from mmserve.multimodal.onevision_video import OnevisionVideoSettings, PreparedOnevisionVideo
-from mmserve.multimodal.video_prep import PreparedVideo
-from mmserve.multimodal.video_processing import VideoSettings
-from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.image.memo import DEFAULT_MEMO_BYTES, ByteBoundedMemo
+from mmserve.multimodal.video.onevision import OnevisionVideoSettings, PreparedOnevisionVideo
+from mmserve.multimodal.video.prep import PreparedVideo
+from mmserve.multimodal.video.qwen2_vl import VideoSettings
+from mmserve.multimodal.video.sampling import VideoSampling
 
 AnyPreparedVideo = PreparedVideo | PreparedOnevisionVideo
 AnyVideoSettings = VideoSettings | OnevisionVideoSettings

@@ -1,5 +1,5 @@
 """The ``Qwen2VLImageProcessor`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) redone with patches cut in
-uint8 (see ``fast_image_processing``, which builds ``Qwen2VLImageProcessing`` from a processor's
+uint8 (see ``image.fast``, which builds ``Qwen2VLImageProcessing`` from a processor's
 settings)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 if TYPE_CHECKING:
-    from mmserve.multimodal.fast_pixels import PixelSteps
+    from mmserve.multimodal.image.fast_pixels import PixelSteps
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,8 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.onevision_video import (
-    ONEVISION_ARCHITECTURE,
-    OnevisionVideoSettings,
-    checked_onevision_video,
-    hash_onevision_video,
-    load_onevision_video_settings,
-    preprocessed_onevision,
-)
-from mmserve.multimodal.qwen3_video import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
 from mmserve.multimodal.request_kwargs import canonical
-from mmserve.multimodal.video_memo import (
+from mmserve.multimodal.video.memo import (
     AnyPreparedVideo,
     AnyVideoSettings,
     PreparedVideoMemo,
@@ -27,14 +18,23 @@ from mmserve.multimodal.video_memo import (
     hash_encoded_video,
     memo_key,
 )
-from mmserve.multimodal.video_prep import checked_video, hash_video, preprocessed
-from mmserve.multimodal.video_processing import (
+from mmserve.multimodal.video.onevision import (
+    ONEVISION_ARCHITECTURE,
+    OnevisionVideoSettings,
+    checked_onevision_video,
+    hash_onevision_video,
+    load_onevision_video_settings,
+    preprocessed_onevision,
+)
+from mmserve.multimodal.video.prep import checked_video, hash_video, preprocessed
+from mmserve.multimodal.video.qwen2_vl import (
     VIDEO_ARCHITECTURES,
     VideoSettings,
     load_video_settings,
 )
-from mmserve.multimodal.video_sampling import without_sampling
-from mmserve.multimodal.video_source import VideoLoader, is_encoded
+from mmserve.multimodal.video.qwen3 import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
+from mmserve.multimodal.video.sampling import without_sampling
+from mmserve.multimodal.video.source import VideoLoader, is_encoded
 
 
 class VideoInputs:
@@ -42,7 +42,7 @@ class VideoInputs:
 
     Invariant: settings are loaded once per distinct merged kwargs (the engine's when a request
     gives none) and are immutable, so concurrent admission threads share them; ``memo`` is the
-    only memo of videos, keyed by tenant salt + the content hash (``video_memo``), which
+    only memo of videos, keyed by tenant salt + the content hash (``video.memo``), which
     includes those settings and the frame sampling.
     """
 
@@ -142,7 +142,7 @@ class VideoInputs:
         cache_salt: str | None = None,
     ) -> AnyPreparedVideo:
         """Look up (``lookup``), and on a miss decode (``decode``) and preprocess (``finish``)
-        one video of any ``video_source`` input. ValueError for a video this model cannot take
+        one video of any ``video.source`` input. ValueError for a video this model cannot take
         or whose placeholders alone would not leave room for one generated token within
         ``max_model_len``. Thread-safe; blocking (never call it on the event loop)."""
         look = self.lookup(source, merged_kwargs, cache_salt)

@@ -1,5 +1,5 @@
 """Media read without the network: base64 data URLs and the local files a ``MediaFetchPolicy``
-allows, size-capped; failures reported as ``media_fetch_errors`` says."""
+allows, size-capped; failures reported as ``media.errors`` says."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import stat
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy, MediaKind
-from mmserve.multimodal.media import MediaTooLargeError
-from mmserve.multimodal.media_fetch_errors import (
+from mmserve.multimodal.image.decode import MediaTooLargeError
+from mmserve.multimodal.media.errors import (
     FetchRefused,
     MediaFetchError,
     fetch_failure,
     shown_source,
     too_large,
 )
+from mmserve.multimodal.media.policy import MediaFetchPolicy, MediaKind
 
 
 class OfflineMediaReader:

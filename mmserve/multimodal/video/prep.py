@@ -22,7 +22,7 @@ from PIL import Image
 
 from mmserve.inputs import MultiModalItem, VideoFrames, VideoGroup
 from mmserve.multimodal.hashing import salted
-from mmserve.multimodal.video_processing import (
+from mmserve.multimodal.video.qwen2_vl import (
     DEFAULT_VIDEO_FPS,
     VideoSettings,
     preprocess_video,

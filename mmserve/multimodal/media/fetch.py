@@ -1,11 +1,11 @@
 """Media fetching against SSRF: URLs, hosts, addresses and files checked against a
-``MediaFetchPolicy`` (``fetch_policy``) before and while fetching.
+``MediaFetchPolicy`` (``media.policy``) before and while fetching.
 
 Every http(s) hop is checked (scheme, userinfo, domain allow-list); its host is resolved once, every
 address must pass :func:`address_refusal`, and the connection goes to that checked address (Host
 header and TLS SNI keep the name), so DNS rebinding cannot slip in a second answer. Clients see one
 uniform message whatever went wrong; the reason goes to the server log only
-(``media_fetch_errors``). Data URLs and local files are read by ``offline_media``.
+(``media.errors``). Data URLs and local files are read by ``media.offline``.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 
 import httpx
 
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy, MediaKind, address_refusal
-from mmserve.multimodal.media import MediaTooLargeError
-from mmserve.multimodal.media_fetch_errors import (
+from mmserve.multimodal.image.decode import MediaTooLargeError
+from mmserve.multimodal.media.errors import (
     FetchRefused,
     fetch_failure,
     shown_source,
     too_large,
 )
-from mmserve.multimodal.offline_media import OfflineMediaReader
+from mmserve.multimodal.media.offline import OfflineMediaReader
+from mmserve.multimodal.media.policy import MediaFetchPolicy, MediaKind, address_refusal
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 

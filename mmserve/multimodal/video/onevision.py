@@ -29,8 +29,8 @@ import torch
 
 from mmserve.inputs import MultiModalItem, VideoFrames, VideoGroup
 from mmserve.multimodal.hashing import salted
-from mmserve.multimodal.video_prep import video_frames
-from mmserve.multimodal.video_processing import _config_dict
+from mmserve.multimodal.video.prep import video_frames
+from mmserve.multimodal.video.qwen2_vl import _config_dict
 
 ONEVISION_ARCHITECTURE = "LlavaOnevisionForConditionalGeneration"
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL filter ids -> interpolate modes

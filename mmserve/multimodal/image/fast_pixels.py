@@ -1,6 +1,6 @@
 """The pixel steps every fast image processor shares: RGB conversion, resize (PIL's own call,
 or torch's antialiased uint8 kernel in PIL's pass order for the "fast" mode), rescale and
-normalize, each repeating the HF processor's arithmetic (see ``fast_image_processing``)."""
+normalize, each repeating the HF processor's arithmetic (see ``image.fast``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The LLaVA-NeXT / LLaVA-OneVision image processors' anyres tiling redone in uint8 (see
-``fast_image_processing``, which builds ``AnyresImageProcessing`` from a processor's settings).
+``image.fast``, which builds ``AnyresImageProcessing`` from a processor's settings).
 
 The processor resizes the image to fit the best pinpoint resolution (aspect kept), pads it
 with zeros (centered) to that resolution and cuts it into crops, row by row; the base crop is
@@ -22,7 +22,7 @@ from transformers.image_processing_utils import get_patch_output_size, select_be
 from transformers.image_utils import ChannelDimension
 
 if TYPE_CHECKING:
-    from mmserve.multimodal.fast_pixels import PixelSteps
+    from mmserve.multimodal.image.fast_pixels import PixelSteps
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from multiprocessing import get_context
 from typing import Any
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.image_memo import PreparedImage
-from mmserve.multimodal.image_prep import ImagePreparer
+from mmserve.multimodal.image.memo import PreparedImage
+from mmserve.multimodal.image.prep import ImagePreparer
 from mmserve.multimodal.processor import InputProcessor
-from mmserve.multimodal.video import VideoLimits
-from mmserve.multimodal.video_sampling import VideoSampling
-from mmserve.multimodal.video_source import VideoLoader
+from mmserve.multimodal.video.decode import VideoLimits
+from mmserve.multimodal.video.sampling import VideoSampling
+from mmserve.multimodal.video.source import VideoLoader
 
 logger = logging.getLogger(__name__)
 

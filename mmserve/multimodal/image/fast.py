@@ -49,10 +49,10 @@ import transformers
 from PIL import Image
 from transformers.image_utils import ChannelDimension
 
-from mmserve.multimodal.fast_anyres import AnyresImageProcessing
-from mmserve.multimodal.fast_clip import ClipImageProcessing
-from mmserve.multimodal.fast_pixels import TORCH_FILTERS, PixelSteps
-from mmserve.multimodal.fast_qwen2_vl import Qwen2VLImageProcessing
+from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.image.fast_clip import ClipImageProcessing
+from mmserve.multimodal.image.fast_pixels import TORCH_FILTERS, PixelSteps
+from mmserve.multimodal.image.fast_qwen2_vl import Qwen2VLImageProcessing
 
 logger = logging.getLogger(__name__)
 

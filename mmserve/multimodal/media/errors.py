@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import logging
 
-from mmserve.multimodal.fetch_policy import MediaKind
-from mmserve.multimodal.media import (
+from mmserve.multimodal.image.decode import (
     ImageTooLargeError,
     MediaTooLargeError,
     VideoTooLargeError,
 )
+from mmserve.multimodal.media.policy import MediaKind
 
 # the fetcher's logger name, which server log filters already select
-logger = logging.getLogger("mmserve.multimodal.media_fetch")
+logger = logging.getLogger("mmserve.multimodal.media.fetch")
 
 
 class MediaFetchError(ValueError):

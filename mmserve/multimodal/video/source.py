@@ -17,11 +17,11 @@ import numpy as np
 from PIL import Image
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.fetch_policy import MediaFetchPolicy
-from mmserve.multimodal.media import VideoTooLargeError
-from mmserve.multimodal.media_fetch import MediaFetcher
-from mmserve.multimodal.video import VideoLimits, decode_video
-from mmserve.multimodal.video_sampling import VideoSampling
+from mmserve.multimodal.image.decode import VideoTooLargeError
+from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.policy import MediaFetchPolicy
+from mmserve.multimodal.video.decode import VideoLimits, decode_video
+from mmserve.multimodal.video.sampling import VideoSampling
 
 DEFAULT_FRAMES_FPS = 2.0
 
@@ -86,7 +86,7 @@ class VideoLoader:
     video, or checks frames given already decoded.
 
     Holds only picklable settings, so the media worker processes run the same code; no cache
-    (``video_memo`` is the server process's).
+    (``video.memo`` is the server process's).
     """
 
     def __init__(

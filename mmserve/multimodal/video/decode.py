@@ -20,8 +20,8 @@ import av
 import numpy as np
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.media import VideoTooLargeError
-from mmserve.multimodal.video_sampling import VideoSampling, sampled_timing
+from mmserve.multimodal.image.decode import VideoTooLargeError
+from mmserve.multimodal.video.sampling import VideoSampling, sampled_timing
 
 #: demuxers that read one self-contained file (no playlists, no references to other files)
 ALLOWED_DEMUXERS = "mov,mp4,matroska,webm,avi,mpegts,flv,ogg"
