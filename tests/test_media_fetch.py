@@ -27,11 +27,11 @@ import httpx
 import pytest
 from PIL import Image
 
-from mmserve.multimodal.image.decode import ImageTooLargeError
 from mmserve.multimodal.media import errors as media_fetch_errors
 from mmserve.multimodal.media import offline as offline_media
 from mmserve.multimodal.media.errors import MediaFetchError
 from mmserve.multimodal.media.fetch import MediaFetcher, Resolver
+from mmserve.multimodal.media.limits import ImageTooLargeError
 from mmserve.multimodal.media.policy import (
     CLOUD_METADATA_ADDRESSES,
     MediaFetchPolicy,

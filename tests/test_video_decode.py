@@ -11,7 +11,7 @@ import av
 import numpy as np
 import pytest
 
-from mmserve.multimodal.image.decode import VideoTooLargeError
+from mmserve.multimodal.media.limits import VideoTooLargeError
 from mmserve.multimodal.video.decode import VideoLimits, decode_video
 from mmserve.multimodal.video.sampling import VideoSampling
 from tests.video_helpers import frame_index, hf_sample_frames, make_video

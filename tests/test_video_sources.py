@@ -19,9 +19,9 @@ from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.cli_args import media_policy
 from mmserve.inputs import ProcessedPrompt, VideoFrames
-from mmserve.multimodal.image.decode import ImageTooLargeError, VideoTooLargeError
 from mmserve.multimodal.media.errors import MediaFetchError
 from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.limits import ImageTooLargeError, VideoTooLargeError
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.media.workers import MediaWorkers
 from mmserve.multimodal.video.memo import PreparedVideoMemo

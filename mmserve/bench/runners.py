@@ -111,10 +111,13 @@ class TransformersRunner:
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
         from mmserve.multimodal.image.decode import load_image
+        from mmserve.multimodal.media.fetch import MediaFetcher
+        from mmserve.multimodal.media.policy import MediaFetchPolicy
 
+        fetcher = MediaFetcher(MediaFetchPolicy(allowed_local_path=True))
         start = time.monotonic()
         conv, images, _, _ = parse_chat_messages(messages)
-        pil = [load_image(src) for src in images]
+        pil = [load_image(src, fetcher) for src in images]
         prompt = render_chat(self.ref.tokenizer, conv)
         inputs = self.ref.inputs(prompt, pil)
         self.ref.encoder_seconds = 0.0

@@ -26,7 +26,7 @@ from mmserve.engine.errors import (
 )
 from mmserve.entrypoints.openai.json_guard import GuardBusy
 from mmserve.entrypoints.openai.limits import LimitExceeded
-from mmserve.multimodal.image.decode import MediaTooLargeError, VideoTooLargeError
+from mmserve.multimodal.media.limits import MediaTooLargeError, VideoTooLargeError
 
 
 class ClientGone(Exception):

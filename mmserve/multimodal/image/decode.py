@@ -1,7 +1,7 @@
 """Decode an image from PIL / bytes / path / data URL / http(s) URL, with size limits, as RGB.
 
-Reading URLs and files is the ``MediaFetcher``'s job (``media.fetch``): its policy decides
-what may be read."""
+Reading URLs and files is the ``MediaFetcher``'s job (``media.fetch``), which the caller
+passes: its policy decides what may be read."""
 
 from __future__ import annotations
 
@@ -11,34 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image, UnidentifiedImageError
 
+from mmserve.multimodal.media.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, ImageTooLargeError
+
 if TYPE_CHECKING:
     from mmserve.multimodal.media.fetch import MediaFetcher
 
-MAX_IMAGE_BYTES = 20 << 20
-MAX_VIDEO_BYTES = 128 << 20
-MAX_IMAGE_PIXELS = 6000 * 6000
 
-
-class MediaTooLargeError(ValueError):
-    """An image or video exceeds a size limit (HTTP 413 at the server)."""
-
-
-class ImageTooLargeError(MediaTooLargeError):
-    """The image exceeds a byte or pixel limit (HTTP 413 at the server)."""
-
-
-class VideoTooLargeError(MediaTooLargeError):
-    """The video exceeds a byte, length, frame or time limit (HTTP 413 at the server)."""
-
-
-def load_image(source: Any, fetcher: MediaFetcher | None = None) -> Image.Image:
+def load_image(source: Any, fetcher: MediaFetcher) -> Image.Image:
     """Decode ``source`` into an RGB PIL image or raise ValueError saying what is wrong.
-    ``fetcher`` applies its policy to URLs and paths (default: public URLs, any local file)."""
+    ``fetcher`` applies its policy to URLs and paths."""
     raw = read_image_source(source, fetcher)
     return checked_image(raw) if isinstance(raw, Image.Image) else decode_image(raw)
 
 
-def read_image_source(source: Any, fetcher: MediaFetcher | None = None) -> Any:
+def read_image_source(source: Any, fetcher: MediaFetcher) -> Any:
     """The encoded bytes behind ``source`` (or the PIL image itself), size-capped, undecoded.
     Strings (data: / http(s) / file:// URLs, paths) and ``Path``s go through ``fetcher``."""
     if isinstance(source, Image.Image):
@@ -49,11 +35,6 @@ def read_image_source(source: Any, fetcher: MediaFetcher | None = None) -> Any:
         source = str(source)
     if not isinstance(source, str):
         raise ValueError(f"unsupported image input of type {type(source).__name__}")
-    if fetcher is None:
-        from mmserve.multimodal.media.fetch import MediaFetcher
-        from mmserve.multimodal.media.policy import MediaFetchPolicy
-
-        fetcher = MediaFetcher(MediaFetchPolicy(allowed_local_path=True))
     return fetcher.load_blocking(source)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from mmserve.multimodal.image.decode import (
+from mmserve.multimodal.media.limits import (
     ImageTooLargeError,
     MediaTooLargeError,
     VideoTooLargeError,

@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 
-from mmserve.multimodal.image.decode import MediaTooLargeError
 from mmserve.multimodal.media.errors import (
     FetchRefused,
     fetch_failure,
     shown_source,
     too_large,
 )
+from mmserve.multimodal.media.limits import MediaTooLargeError
 from mmserve.multimodal.media.offline import OfflineMediaReader
 from mmserve.multimodal.media.policy import MediaFetchPolicy, MediaKind, address_refusal
 

@@ -10,7 +10,6 @@ import stat
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from mmserve.multimodal.image.decode import MediaTooLargeError
 from mmserve.multimodal.media.errors import (
     FetchRefused,
     MediaFetchError,
@@ -18,6 +17,7 @@ from mmserve.multimodal.media.errors import (
     shown_source,
     too_large,
 )
+from mmserve.multimodal.media.limits import MediaTooLargeError
 from mmserve.multimodal.media.policy import MediaFetchPolicy, MediaKind
 
 

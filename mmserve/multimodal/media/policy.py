@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mmserve.multimodal.image.decode import MAX_IMAGE_BYTES, MAX_VIDEO_BYTES
+from mmserve.multimodal.media.limits import MAX_IMAGE_BYTES, MAX_VIDEO_BYTES
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

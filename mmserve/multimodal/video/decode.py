@@ -20,7 +20,7 @@ import av
 import numpy as np
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.image.decode import VideoTooLargeError
+from mmserve.multimodal.media.limits import VideoTooLargeError
 from mmserve.multimodal.video.sampling import VideoSampling, sampled_timing
 
 #: demuxers that read one self-contained file (no playlists, no references to other files)

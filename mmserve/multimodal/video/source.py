@@ -17,8 +17,8 @@ import numpy as np
 from PIL import Image
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.image.decode import VideoTooLargeError
 from mmserve.multimodal.media.fetch import MediaFetcher
+from mmserve.multimodal.media.limits import VideoTooLargeError
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.video.decode import VideoLimits, decode_video
 from mmserve.multimodal.video.sampling import VideoSampling
