@@ -16,7 +16,7 @@ import pytest
 from mmserve.engine.admission import Admission, AdmissionExecutors
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.multimodal.media.fetch import MediaFetcher
-from mmserve.multimodal.media.workers import MediaWorkers
+from mmserve.multimodal.workers import MediaWorkers
 from tests.conftest import make_image
 
 

@@ -19,8 +19,8 @@ from mmserve.engine.llm_engine import LLMEngine
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.policy import MediaFetchPolicy
-from mmserve.multimodal.media.workers import MediaWorkers
 from mmserve.multimodal.video import source as video_source
+from mmserve.multimodal.workers import MediaWorkers
 from tests.video_helpers import make_video
 
 VIDEO = make_video(90, 30)  # 3 s at 30 fps, 64x48

@@ -23,8 +23,8 @@ from mmserve.multimodal.media.errors import MediaFetchError
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.limits import ImageTooLargeError, VideoTooLargeError
 from mmserve.multimodal.media.policy import MediaFetchPolicy
-from mmserve.multimodal.media.workers import MediaWorkers
 from mmserve.multimodal.video.memo import PreparedVideoMemo
+from mmserve.multimodal.workers import MediaWorkers
 from tests.bait_server import BaitServer
 from tests.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
 from tests.video_helpers import frame_index, make_video

@@ -16,9 +16,9 @@ from mmserve.inputs import ProcessedPrompt, VideoFrames
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media.policy import MediaKind
-from mmserve.multimodal.media.workers import MediaWorkers
 from mmserve.multimodal.processor import memo_key
 from mmserve.multimodal.video.memo import AnyPreparedVideo, VideoLookup
+from mmserve.multimodal.workers import MediaWorkers
 
 if TYPE_CHECKING:
     from mmserve.engine.llm_engine import LLMEngine

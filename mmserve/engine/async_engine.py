@@ -52,7 +52,7 @@ from mmserve.engine.request_lifecycle import RequestLifecycle
 from mmserve.engine.warmup import warmup_image_bytes
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media.fetch import MediaFetcher
-from mmserve.multimodal.media.workers import MediaWorkers
+from mmserve.multimodal.workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -24,6 +24,7 @@ from mmserve.multimodal.request_kwargs import (
     check_request_kwargs,
     image_kwargs,
 )
+from mmserve.multimodal.sampling_keys import without_sampling
 from mmserve.multimodal.video.inputs import VideoInputs
 from mmserve.multimodal.video.memo import AnyPreparedVideo
 from mmserve.multimodal.video.onevision import PreparedOnevisionVideo
@@ -33,7 +34,7 @@ from mmserve.multimodal.video.qwen3 import (
     Qwen3VideoSampling,
     timestamp_tokens,
 )
-from mmserve.multimodal.video.sampling import VideoSampling, without_sampling
+from mmserve.multimodal.video.sampling import VideoSampling
 from mmserve.multimodal.video.source import VideoLoader
 
 

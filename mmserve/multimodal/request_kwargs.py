@@ -4,7 +4,7 @@
 A request's kwargs are merged over the engine's ``--mm-processor-kwargs``; the merged dict is
 what the image's content hash (and so its encoder-cache key and the prefix-cache block hashes)
 includes, so two requests with the same image and different kwargs never share embeddings or
-KV blocks. The video sampling keys (``video_sampling.VIDEO_KWARGS``: ``fps``, ``num_frames``,
+KV blocks. The video sampling keys (``sampling_keys.VIDEO_KWARGS``: ``fps``, ``num_frames``,
 ``min_frames``, ``max_frames``) are merged the same way but stay out of everything about images
 (``image_kwargs``): their preparer, memo keys and content or uuid hashes.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.multimodal.image.prep import ImagePreparer
-from mmserve.multimodal.video.sampling import VIDEO_KWARGS, without_sampling
+from mmserve.multimodal.sampling_keys import VIDEO_KWARGS, without_sampling
 
 FIELD = "mm_processor_kwargs"
 _PIXELS = ("min_pixels", "max_pixels")

@@ -33,7 +33,7 @@ from mmserve.entrypoints.openai.cli_args import (
     media_policy,
 )
 from mmserve.multimodal.media.fetch import MediaFetcher
-from mmserve.multimodal.media.workers import MediaWorkers
+from mmserve.multimodal.workers import MediaWorkers
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.entrypoints.ray.replica import EngineReplica
 from mmserve.entrypoints.ray.routed_engine import RoutedEngine
 from mmserve.multimodal.media.fetch import MediaFetcher
-from mmserve.multimodal.media.workers import MediaWorkers
+from mmserve.multimodal.workers import MediaWorkers
 
 ROUTER_CLASS = "mmserve.entrypoints.ray.router.ImageAffinityRouter"
 HEALTH_CHECK_PERIOD_S = 5.0

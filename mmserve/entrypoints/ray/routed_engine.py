@@ -23,7 +23,7 @@ from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media.fetch import MediaFetcher
-from mmserve.multimodal.media.workers import MediaWorkers
+from mmserve.multimodal.workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
 
 STATS_TIMEOUT_S = 10.0

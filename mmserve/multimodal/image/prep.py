@@ -1,7 +1,7 @@
 """One image -> ``PreparedImage``: decode, content hash, the model's image preprocessing.
 
 ``ImagePreparer`` has no cache and holds only picklable state, so admission threads and the
-media worker processes (``media.workers``) run the very same code. Preprocessing runs the fast
+media worker processes (``workers``) run the very same code. Preprocessing runs the fast
 path of ``image.fast`` where it covers the processor's settings and the HF image
 processor elsewhere; the mode comes from the ``preprocessing`` argument, else from
 ``$MMSERVE_IMAGE_PREPROCESSING``, else it is ``"exact"`` (pixel values bit-identical to the HF
@@ -35,7 +35,7 @@ from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.policy import MediaFetchPolicy
-from mmserve.multimodal.video.sampling import without_sampling
+from mmserve.multimodal.sampling_keys import without_sampling
 
 PREPROCESSING_ENV = "MMSERVE_IMAGE_PREPROCESSING"
 

@@ -10,6 +10,7 @@ from typing import Any
 from mmserve.config import ModelConfig
 from mmserve.inputs import VideoFrames
 from mmserve.multimodal.request_kwargs import canonical
+from mmserve.multimodal.sampling_keys import without_sampling
 from mmserve.multimodal.video.memo import (
     AnyPreparedVideo,
     AnyVideoSettings,
@@ -33,7 +34,6 @@ from mmserve.multimodal.video.qwen2_vl import (
     load_video_settings,
 )
 from mmserve.multimodal.video.qwen3 import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
-from mmserve.multimodal.video.sampling import without_sampling
 from mmserve.multimodal.video.source import VideoLoader, is_encoded
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import blake3
 
 from mmserve.inputs import VideoFrames
-from mmserve.multimodal.image.memo import DEFAULT_MEMO_BYTES, ByteBoundedMemo
+from mmserve.multimodal.memo import DEFAULT_MEMO_BYTES, ByteBoundedMemo
 from mmserve.multimodal.video.onevision import OnevisionVideoSettings, PreparedOnevisionVideo
 from mmserve.multimodal.video.prep import PreparedVideo
 from mmserve.multimodal.video.qwen2_vl import VideoSettings

@@ -31,8 +31,9 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
 )
 
 from mmserve.inputs import VideoFrames
+from mmserve.multimodal.sampling_keys import without_sampling
 from mmserve.multimodal.video.qwen2_vl import _RESAMPLE, VideoSettings
-from mmserve.multimodal.video.sampling import VideoSampling, without_sampling
+from mmserve.multimodal.video.sampling import VideoSampling
 
 QWEN3_VL_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 _CONFIG_FILES = (

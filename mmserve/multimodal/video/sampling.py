@@ -19,17 +19,12 @@ from typing import Any
 import numpy as np
 
 from mmserve.inputs import VideoFrames
+from mmserve.multimodal.sampling_keys import VIDEO_KWARGS
 
 #: the ``mm_processor_kwargs`` keys of frame sampling (not the image processor's);
 #: ``do_sample_frames`` (vLLM clients send ``true``) may only be true: frames are always sampled
-VIDEO_KWARGS = ("fps", "num_frames", "min_frames", "max_frames", "do_sample_frames")
 _FIELDS = ("fps", "num_frames", "min_frames", "max_frames", "temporal_patch_size")
 VIDEO_CONFIG_FILE = "video_preprocessor_config.json"
-
-
-def without_sampling(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``kwargs`` without the video sampling keys (what the image and video processors read)."""
-    return {k: v for k, v in kwargs.items() if k not in VIDEO_KWARGS}
 
 
 @dataclass(frozen=True)
