@@ -12,8 +12,9 @@ import sys
 
 from mmserve.bench.cli import add_bench_parser
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints.openai.cli_args import add_serve_parser
-from mmserve.extras import MissingExtra
+from mmserve.entrypoints.openai.cli_args import add_serve_parser, validate_serve_flags
+from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
+from mmserve.extras import MissingExtra, require_extra
 from mmserve.version import package_version
 
 
@@ -29,6 +30,21 @@ def _generate(args: argparse.Namespace) -> int:
     out = llm.chat([{"role": "user", "content": content}], params, use_tqdm=False)[0]
     print(out.outputs[0].text)
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Every flag checked before a model loads or Ray starts, then serve until SIGINT /
+    SIGTERM: one server, or engine replicas on Ray Serve (``--replicas`` and friends)."""
+    validate_serve_flags(args)
+    check_ray_flags(args)
+    if wants_ray(args):
+        require_extra("ray.serve", "ray", "--replicas / --ray-autoscaling (Ray Serve)")
+        from mmserve.entrypoints.ray.launch import run as run_replicas
+
+        return int(run_replicas(args))
+    from mmserve.entrypoints.openai.server import run
+
+    return int(run(args))
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -60,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tiny.add_argument("--out", required=True, help="output directory")
     tiny.set_defaults(func=_tiny_model)
-    add_serve_parser(sub)
+    add_serve_parser(sub, add_ray_flags).set_defaults(func=_serve)
     add_bench_parser(sub)
     return parser
 

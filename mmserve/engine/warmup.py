@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
 
+from mmserve.engine.chat_template import ChatTemplate
+from mmserve.engine.grammar import GrammarCompiler
+from mmserve.engine.outputs import RequestOutput
+from mmserve.inputs import ProcessedPrompt
+from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured_outputs import StructuredOutputsParams
-
-if TYPE_CHECKING:
-    from mmserve.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,23 @@ def warmup_image_bytes() -> bytes:
     return buf.getvalue()
 
 
+class WarmupEngine(Protocol):
+    """What the warm-up uses of an ``LLMEngine``."""
+
+    chat_template: ChatTemplate
+    processor: InputProcessor
+    grammar: GrammarCompiler
+    runner: Any  # its encoder's ``num_images_encoded`` is read
+
+    def process_inputs(
+        self, prompt: str | Sequence[int], images: Sequence[Any] = ()
+    ) -> ProcessedPrompt: ...
+
+    def add_processed(self, processed: ProcessedPrompt, params: SamplingParams) -> str: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+
 @dataclass(frozen=True)
 class WarmupReport:
     """What the warm-up ran (read off its throwaway loop parts before they are dropped)."""
@@ -50,7 +70,7 @@ class WarmupReport:
     output_tokens: int
 
 
-def run_warmup_request(engine: LLMEngine) -> WarmupReport:
+def run_warmup_request(engine: WarmupEngine) -> WarmupReport:
     """One greedy request with the largest warm-up image the engine admits (text only when it
     admits none), stepped to its end, then a ``json_object`` grammar compile. A failure is a
     RuntimeError: a server whose warm-up fails would fail its users' requests too."""

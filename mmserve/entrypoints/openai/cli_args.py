@@ -1,14 +1,16 @@
-"""``mmserve serve``: flags (vLLM's names), their mapping to ``LLMEngine.from_args``, launching.
+"""``mmserve serve``: flags (vLLM's names), their checks and their mapping to
+``LLMEngine.from_args``.
 
-Hooked into ``mmserve.cli.build_parser`` by ``add_serve_parser(sub)``. Imports of
-torch / FastAPI / uvicorn happen only when the subcommand runs, so ``mmserve --help`` stays fast.
+Hooked into ``mmserve.cli.build_parser`` by ``add_serve_parser(sub, add_ray_flags)``, which
+launches too. Imports of torch / FastAPI / uvicorn happen only when the subcommand runs, so
+``mmserve --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,6 @@ from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.limits import add_limit_flags, limits_from_args
 from mmserve.entrypoints.openai.policy import HTTPPolicy, ui_default
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
-from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
-from mmserve.extras import require_extra
 
 DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
@@ -37,8 +37,11 @@ get --shutdown-timeout seconds while new ones are answered 503.
 """
 
 
-def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add the ``serve`` subcommand to an ``add_subparsers()`` object."""
+def add_serve_parser(
+    sub: Any, add_scale_out_flags: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to an ``add_subparsers()`` object; ``add_scale_out_flags``
+    adds the Ray Serve flags (``ray.flags``) after the vLLM ones. The caller sets ``func``."""
     p = sub.add_parser(
         "serve",
         help="run the OpenAI-compatible HTTP server",
@@ -178,7 +181,8 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     engine = p.add_argument_group("engine (the same names as LLM(...) arguments)")
     EngineArgs.add_cli_args(engine, exclude=("model",))
     add_vllm_flags(p)
-    add_ray_flags(p)
+    if add_scale_out_flags is not None:
+        add_scale_out_flags(p)
     p.add_argument(
         "--disable-uvicorn-access-log",
         action="store_true",
@@ -190,7 +194,6 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
         choices=("critical", "error", "warning", "info", "debug", "trace"),
         help="uvicorn log level (default: %(default)s)",
     )
-    p.set_defaults(func=run_server)
     return p
 
 
@@ -271,29 +274,17 @@ def engine_args(args: argparse.Namespace) -> EngineArgs:
 
 
 def validate_serve_flags(args: argparse.Namespace) -> EngineArgs:
-    """Every check the server, the engine, its store and the Ray app make on the ``serve``
-    flags, run through their own code in this process before anything loads or is deployed,
-    without torch: ValueError naming the flag, ``MissingExtra`` naming the extra to install
-    (``mmserve`` prints either as one line, exit code 2). Returns the engine settings."""
+    """Every check the server, the engine and its store make on the ``serve`` flags, run
+    through their own code in this process before anything loads or is deployed, without
+    torch: ValueError naming the flag, ``MissingExtra`` naming the extra to install
+    (``mmserve`` prints either as one line, exit code 2). The Ray flags are checked by
+    ``ray.flags.check_ray_flags`` beside it. Returns the engine settings."""
     settings = engine_args(args)  # values, the frozen configs' checks included
     check_server_flags(args)
-    check_ray_flags(args)
     http_policy(args)
     media_policy(args)
     settings.validate()  # the encoder store's: secret, redis client, directory
     if settings.chat_template is not None:
         load_chat_template_arg(settings.chat_template)
     check_generation_config(settings.generation_config)
-    if wants_ray(args):
-        require_extra("ray.serve", "ray", "--replicas / --ray-autoscaling (Ray Serve)")
     return settings
-
-
-def run_server(args: argparse.Namespace) -> int:
-    """Build the engine and serve until SIGINT / SIGTERM (the ``serve`` subcommand)."""
-    validate_serve_flags(args)  # every settings error before a model loads or Ray starts
-    if wants_ray(args):  # by name: Ray is imported only here (the `mmserve[ray]` extra)
-        return int(importlib.import_module("mmserve.entrypoints.ray.launch").run(args))
-    # by name: the flags module stays free of the server's imports (and of an import cycle)
-    server = importlib.import_module("mmserve.entrypoints.openai.server")
-    return int(server.run(args))

@@ -26,6 +26,7 @@ from mmserve.entrypoints.openai.cli_args import (
     media_policy,
     validate_serve_flags,
 )
+from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags
 from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.entrypoints.ray.replica import EngineReplica
 from mmserve.entrypoints.ray.routed_engine import RoutedEngine
@@ -109,6 +110,7 @@ def build_app(args: argparse.Namespace) -> Application:
     """The application of parsed ``mmserve serve`` flags (``--replicas`` and friends), checked
     here as the CLI checks them (a config file too), before a replica or the ingress starts."""
     settings = validate_serve_flags(args)
+    check_ray_flags(args)
     replica = serve.deployment(**replica_options(args, settings))(EngineReplica)
     threads = max(1, int(args.replica_cpus))
     replicas = replica.bind(
@@ -130,7 +132,7 @@ def namespace_from_config(config: dict[str, Any]) -> argparse.Namespace:
     parsed by the CLI's own parser, so a config file is checked exactly like the command."""
     parser = argparse.ArgumentParser(prog="mmserve")
     commands = parser.add_subparsers(dest="command")
-    add_serve_parser(commands)
+    add_serve_parser(commands, add_ray_flags)
     negatable = {
         option
         for action in commands.choices["serve"]._actions
