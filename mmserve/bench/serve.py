@@ -27,30 +27,8 @@ from mmserve.bench.harness import add_contention_args
 from mmserve.bench.images import RESOLUTIONS
 from mmserve.bench.priority import add_priority_arg, apply_priority
 from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.serve_client import run_client
-from mmserve.bench.workloads import (
-    Spec,
-    latency_summary,
-    reuse_specs,
-    zipf_specs,
-)
-
-
-def summarize(results: list[dict[str, Any]], wall: float, concurrency: int) -> dict[str, Any]:
-    ok = [r for r in results if r["error"] is None and r["ttft_s"] is not None]
-    tokens = sum(r["completion_tokens"] for r in ok)
-    row: dict[str, Any] = {
-        "concurrency": concurrency,
-        "requests": len(results),
-        "failed": len(results) - len(ok),
-        "wall_s": wall,
-        "req_per_s": len(ok) / wall if wall else 0.0,
-        "out_tok_per_s": tokens / wall if wall else 0.0,
-    }
-    row.update(latency_summary([r["ttft_s"] for r in ok], "ttft"))
-    row.update(latency_summary([x for r in ok for x in r["itl_s"]], "itl"))
-    row.update(latency_summary([r["latency_s"] for r in ok], "e2e"))
-    return row
+from mmserve.bench.serve_client import run_client, summarize
+from mmserve.bench.workloads import workload_kind, workload_specs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,16 +96,6 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
     return values
-
-
-def workload_specs(args: argparse.Namespace, run: int) -> list[Spec]:
-    if args.zipf:
-        return zipf_specs(args.requests, args.distinct, seed=args.seed, run=run)
-    return reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed, run)
-
-
-def workload_kind(args: argparse.Namespace) -> str:
-    return f"zipf_D{args.distinct}" if args.zipf else f"{round(args.reuse * 100)}pct_{args.order}"
 
 
 def main(

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from mmserve.bench.images import png_data_url
 from mmserve.bench.meter import Meter
 from mmserve.bench.server_metrics import cache_rates, scrape_metrics
-from mmserve.bench.workloads import Spec
+from mmserve.bench.workloads import Spec, latency_summary
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | None:
@@ -125,3 +125,20 @@ async def served_model(client: httpx.AsyncClient) -> str:
         return resp.json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError):
         return "default"
+
+
+def summarize(results: list[dict[str, Any]], wall: float, concurrency: int) -> dict[str, Any]:
+    ok = [r for r in results if r["error"] is None and r["ttft_s"] is not None]
+    tokens = sum(r["completion_tokens"] for r in ok)
+    row: dict[str, Any] = {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "wall_s": wall,
+        "req_per_s": len(ok) / wall if wall else 0.0,
+        "out_tok_per_s": tokens / wall if wall else 0.0,
+    }
+    row.update(latency_summary([r["ttft_s"] for r in ok], "ttft"))
+    row.update(latency_summary([x for r in ok for x in r["itl_s"]], "itl"))
+    row.update(latency_summary([r["latency_s"] for r in ok], "e2e"))
+    return row

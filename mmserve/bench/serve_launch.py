@@ -25,10 +25,9 @@ from mmserve.bench.priority import apply_priority
 from mmserve.bench.provenance import engine_versions, threads_info
 from mmserve.bench.report import markdown_table, save
 from mmserve.bench.runners import processor_kwargs_for
-from mmserve.bench.serve import summarize, workload_kind, workload_specs
-from mmserve.bench.serve_client import run_client
+from mmserve.bench.serve_client import run_client, summarize
 from mmserve.bench.servers import ENGINES, start_server, vllm_checkpoint
-from mmserve.bench.workloads import WARMUP_RUN, warmup_specs
+from mmserve.bench.workloads import WARMUP_RUN, warmup_specs, workload_kind, workload_specs
 
 SPREAD_KEYS = ("req_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s")
 

@@ -8,6 +8,7 @@ engine never hit each other's caches.
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 from dataclasses import dataclass
@@ -110,3 +111,16 @@ def latency_summary(values: list[float], prefix: str) -> dict[str, float]:
     for q in (50, 90, 99):
         out[f"{prefix}_p{q}_s"] = percentile(ordered, q)
     return out
+
+
+def workload_specs(args: argparse.Namespace, run: int) -> list[Spec]:
+    """The request stream ``args`` (``bench serve`` / ``--launch`` flags) ask for, salted by
+    ``run``."""
+    if args.zipf:
+        return zipf_specs(args.requests, args.distinct, seed=args.seed, run=run)
+    return reuse_specs(args.requests, args.reuse, args.order == "grouped", args.seed, run)
+
+
+def workload_kind(args: argparse.Namespace) -> str:
+    """The workload's name in result files."""
+    return f"zipf_D{args.distinct}" if args.zipf else f"{round(args.reuse * 100)}pct_{args.order}"
