@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 
 ATTACKERS = {"many_parts": 2, "uploads_4k": 2, "drip_urls": 16, "stop_strings": 2}
 CHAT = "/v1/chat/completions"

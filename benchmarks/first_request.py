@@ -25,8 +25,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.servers import free_port
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.servers import free_port
 
 VARIANTS = {"warm-up": [], "skip-server-warmup": ["--skip-server-warmup"]}
 

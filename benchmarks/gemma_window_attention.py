@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 from mmserve.layers import attention_torch as current
 
 BEFORE = "f6ed2dd"  # the last commit whose local layers gathered the whole context

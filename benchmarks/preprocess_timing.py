@@ -1,6 +1,6 @@
 """Per-image preprocessing time: the transformers processor vs mmserve's fast paths.
 
-For each model and resolution (``mmserve.bench.images``' deterministic photo-like images):
+For each model and resolution (``mmserve.bench.lib.images``' deterministic photo-like images):
 
 - ``processor``: the preprocessing call alone on a decoded RGB image: the HF processor
   (``hf``) and ``image.fast`` in its ``exact`` and ``fast`` modes;
@@ -30,7 +30,7 @@ import PIL
 import torch
 import transformers
 
-from mmserve.bench.images import synthetic_image
+from mmserve.bench.lib.images import synthetic_image
 from mmserve.engine.loading import build_model_config, load_image_processor
 from mmserve.multimodal.image.prep import IMAGE_INPUTS, ImagePreparer
 from mmserve.multimodal.media.policy import MediaFetchPolicy

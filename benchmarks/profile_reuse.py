@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.reuse_workload import Workload
-from mmserve.bench.workloads import reuse_specs, warmup_specs
+from mmserve.bench.lib.workloads import reuse_specs, warmup_specs
+from mmserve.bench.reuse.workload import Workload
 
 CATEGORIES = {  # first match wins; cProfile function name -> category
     "GEMM (linear, mm, matmul)": ("._nn.linear", "method 'mm'", "torch.mm", "matmul", "addmm"),

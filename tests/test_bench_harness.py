@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from mmserve.bench import all as bench_all
-from mmserve.bench import harness, priority, provenance
-from mmserve.bench.meter import Meter, group_cpu_s
+from mmserve.bench.all import run as bench_all
+from mmserve.bench.lib import harness, priority, provenance
+from mmserve.bench.lib.meter import Meter, group_cpu_s
 
 
 @pytest.fixture

@@ -7,11 +7,14 @@ import json
 
 import httpx
 
-from mmserve.bench import all as bench_all
-from mmserve.bench import floor, multiturn, probe, reuse, serve
+from mmserve.bench import floor, probe
+from mmserve.bench.all import run as bench_all
 from mmserve.bench.cli import add_bench_parser
-from mmserve.bench.serve_client import parse_sse_line
-from mmserve.bench.workloads import percentile, reuse_specs, zipf_specs
+from mmserve.bench.lib.workloads import percentile, reuse_specs, zipf_specs
+from mmserve.bench.multiturn import run as multiturn
+from mmserve.bench.reuse import run as reuse
+from mmserve.bench.serve import run as serve
+from mmserve.bench.serve.client import parse_sse_line
 
 MODEL = ["--model", "tiny-llava", "--resolution", "480p", "--threads", "2", "--no-raise-priority"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mmserve.bench import store as bench_store
+from mmserve.bench.store import run as bench_store
 from tests.redis_server import needs_redis
 
 pytestmark = needs_redis

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-from mmserve.bench import multiturn, reuse
-from mmserve.bench.workloads import reuse_specs
+from mmserve.bench.lib.workloads import reuse_specs
+from mmserve.bench.multiturn import run as multiturn
+from mmserve.bench.reuse import run as reuse
 
 MODEL = ["--model", "tiny-qwen3-vl", "--resolution", "480p", "--threads", "2"]
 MODEL += ["--no-raise-priority", "--repeats", "1"]

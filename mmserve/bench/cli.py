@@ -25,8 +25,17 @@ WORKLOADS: dict[str, str] = {
 }
 
 
+# workloads of several modules are packages whose entry module is ``run``
+PACKAGED = frozenset({"all", "multiturn", "reuse", "serve", "store"})
+
+
+def workload_module(name: str) -> str:
+    """The module whose ``main(argv)`` runs workload ``name``."""
+    return f"mmserve.bench.{name}.run" if name in PACKAGED else f"mmserve.bench.{name}"
+
+
 def _run(args: argparse.Namespace) -> int:
-    module = importlib.import_module(f"mmserve.bench.{args.workload}")
+    module = importlib.import_module(workload_module(args.workload))
     result = module.main(list(args.workload_args))
     return 1 if isinstance(result, dict) and result.get("failed") else 0
 

@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.harness import fmt_spread, interleaved, with_spread
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.provenance import engine_versions, threads_info
-from mmserve.bench.report import markdown_table, save
+from mmserve.bench.lib.harness import fmt_spread, interleaved, with_spread
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.provenance import engine_versions, threads_info
+from mmserve.bench.lib.report import markdown_table, save
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")

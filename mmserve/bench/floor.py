@@ -24,21 +24,21 @@ from typing import Any
 
 import torch
 
-from mmserve.bench.harness import is_contended
-from mmserve.bench.images import RESOLUTIONS, synthetic_image
-from mmserve.bench.meter import Meter
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.provenance import engine_versions, threads_info
-from mmserve.bench.report import markdown_table, save
-from mmserve.bench.runners import processor_kwargs_for
-from mmserve.bench.workloads import reuse_specs
+from mmserve.bench.lib.harness import is_contended
+from mmserve.bench.lib.images import RESOLUTIONS, synthetic_image
+from mmserve.bench.lib.meter import Meter
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.provenance import engine_versions, threads_info
+from mmserve.bench.lib.report import markdown_table, save
+from mmserve.bench.lib.runners import processor_kwargs_for
+from mmserve.bench.lib.workloads import reuse_specs
 
 
 def count_request_flops(model: str, resolution: str, max_tokens: int, pkw: dict[str, Any]) -> dict:
     """FLOPs of one reuse-workload request on the transformers reference (see module doc)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mmserve.bench.reference import HFReference
+    from mmserve.bench.lib.reference import HFReference
     from mmserve.entrypoints.chat_utils import render_chat
 
     ref = HFReference(model, pkw)

@@ -26,12 +26,12 @@ import numpy as np
 from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.harness import spread
-from mmserve.bench.images import synthetic_image
-from mmserve.bench.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.harness import spread
+from mmserve.bench.lib.images import synthetic_image
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.provenance import engine_versions
+from mmserve.bench.lib.report import markdown_table, save
 from mmserve.bench.probe import EncoderMeter, fix_mmap_threshold
-from mmserve.bench.provenance import engine_versions
-from mmserve.bench.report import markdown_table, save
 from mmserve.inputs import PromptInput
 
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from mmserve.bench.harness import (
+from mmserve.bench.lib.harness import (
     MAX_OTHERS,
     contention_summary,
     fmt_spread,
@@ -14,7 +14,7 @@ from mmserve.bench.harness import (
     uncontended,
     with_spread,
 )
-from mmserve.bench.workloads import latency_summary
+from mmserve.bench.lib.workloads import latency_summary
 
 
 def row(

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.images import png_bytes
+from mmserve.bench.lib.images import png_bytes
 from mmserve.engine_args import EngineArgs
 from mmserve.models.tiny import resolve_model_path
 

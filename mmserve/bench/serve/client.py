@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from mmserve.bench.images import png_data_url
-from mmserve.bench.meter import Meter
-from mmserve.bench.server_metrics import cache_rates, scrape_metrics
-from mmserve.bench.workloads import Spec, latency_summary
+from mmserve.bench.lib.images import png_data_url
+from mmserve.bench.lib.meter import Meter
+from mmserve.bench.lib.server_metrics import cache_rates, scrape_metrics
+from mmserve.bench.lib.workloads import Spec, latency_summary
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from mmserve.bench.images import synthetic_image
-from mmserve.bench.workloads import Spec
+from mmserve.bench.lib.images import synthetic_image
+from mmserve.bench.lib.workloads import Spec
 from mmserve.entrypoints.chat_utils import render_chat
 from mmserve.models.tiny import resolve_model_path
 

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.issue_targets import targets_table
-from mmserve.bench.result_files import load_result, reuse_files
-from mmserve.bench.table_cells import ENGINE_LABELS, rounds_cell, spread_cell
+from mmserve.bench.all.issue_targets import targets_table
+from mmserve.bench.lib.result_files import load_result, reuse_files
+from mmserve.bench.lib.table_cells import ENGINE_LABELS, rounds_cell, spread_cell
 
 LLAVA, QWEN = "tiny-llava-small", "tiny-qwen2-vl-small"
-ADVERSARIAL = Path(__file__).resolve().parents[2] / "benchmarks" / "adversarial_load.py"
+ADVERSARIAL = Path(__file__).resolve().parents[3] / "benchmarks" / "adversarial_load.py"
 
 
 def multiturn_table(data: dict[str, Any]) -> str:

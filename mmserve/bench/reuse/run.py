@@ -16,17 +16,22 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from mmserve.bench.harness import add_contention_args, add_rotation_arg, interleaved, is_contended
-from mmserve.bench.images import RESOLUTIONS
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.provenance import engine_versions, threads_info
-from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.reuse_engines import ENGINES, MODES, engine_runs
-from mmserve.bench.reuse_summary import encode_once, row
-from mmserve.bench.reuse_workload import Workload
-from mmserve.bench.runners import add_engine_args, processor_kwargs_for
-from mmserve.bench.vllm_baseline import vllm_python
-from mmserve.bench.workloads import distinct_images, reuse_specs, with_single_image, zipf_specs
+from mmserve.bench.lib.harness import (
+    add_contention_args,
+    add_rotation_arg,
+    interleaved,
+    is_contended,
+)
+from mmserve.bench.lib.images import RESOLUTIONS
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.provenance import engine_versions, threads_info
+from mmserve.bench.lib.report import markdown_table, plot_lines, save
+from mmserve.bench.lib.runners import add_engine_args, processor_kwargs_for
+from mmserve.bench.lib.vllm_baseline import vllm_python
+from mmserve.bench.lib.workloads import distinct_images, reuse_specs, with_single_image, zipf_specs
+from mmserve.bench.reuse.engines import ENGINES, MODES, engine_runs
+from mmserve.bench.reuse.summary import encode_once, row
+from mmserve.bench.reuse.workload import Workload
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.all_tables import ADVERSARIAL, LLAVA, QWEN, render_tables
-from mmserve.bench.harness import add_contention_args
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.provenance import engine_versions
-from mmserve.bench.result_files import reuse_files
+from mmserve.bench.all.tables import ADVERSARIAL, LLAVA, QWEN, render_tables
+from mmserve.bench.lib.harness import add_contention_args
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.provenance import engine_versions
+from mmserve.bench.lib.result_files import reuse_files
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sections = [s for s in sections if s.workload != "adversarial"]
     out.mkdir(parents=True, exist_ok=True)
     priority = apply_priority(args)
-    from mmserve.bench.report import save
+    from mmserve.bench.lib.report import save
 
     versions = engine_versions(args.vllm_python)
     status: list[dict[str, Any]] = []

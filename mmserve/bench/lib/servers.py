@@ -28,12 +28,12 @@ from typing import IO, Any
 
 import httpx
 
-from mmserve.bench.runners import model_max_len
-from mmserve.bench.vllm_baseline import WORKER, engine_args
+from mmserve.bench.lib.runners import model_max_len
+from mmserve.bench.lib.vllm_baseline import WORKER, engine_args
 from mmserve.models.tiny import resolve_model_path
 
 ENGINES = ("mmserve", "vllm")
-MMSERVE_ROOT = Path(__file__).resolve().parents[2]
+MMSERVE_ROOT = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:

@@ -14,13 +14,13 @@ from typing import Any
 from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.images import synthetic_image
-from mmserve.bench.meter import Meter
-from mmserve.bench.reference import HFReference
-from mmserve.bench.reuse_workload import Workload
-from mmserve.bench.runners import model_max_len, run_transformers
-from mmserve.bench.vllm_baseline import ImageDir, engine_args, run_worker
-from mmserve.bench.workloads import RUN_STRIDE, WARMUP_RUN, Spec, warmup_specs
+from mmserve.bench.lib.images import synthetic_image
+from mmserve.bench.lib.meter import Meter
+from mmserve.bench.lib.reference import HFReference
+from mmserve.bench.lib.runners import model_max_len, run_transformers
+from mmserve.bench.lib.vllm_baseline import ImageDir, engine_args, run_worker
+from mmserve.bench.lib.workloads import RUN_STRIDE, WARMUP_RUN, Spec, warmup_specs
+from mmserve.bench.reuse.workload import Workload
 from mmserve.engine_args import EngineArgs
 
 MODES: dict[str, dict[str, Any]] = {

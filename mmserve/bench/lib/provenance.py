@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mmserve.bench.report import git_commit
+from mmserve.bench.lib.report import git_commit
 
 
 def _dist_version(name: str) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mmserve.bench.result_files import load_result, reuse_files
+from mmserve.bench.lib.result_files import load_result, reuse_files
 
 
 def targets_table(out: Path, llava: str, qwen: str) -> str:

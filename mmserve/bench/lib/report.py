@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mmserve.bench.priority import priority_state
+from mmserve.bench.lib.priority import priority_state
 
 
 def environment() -> dict[str, Any]:
@@ -35,7 +35,7 @@ def environment() -> dict[str, Any]:
 
 def git_commit() -> str | None:
     """HEAD of the mmserve checkout (+ "-dirty" with local changes), None outside git."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

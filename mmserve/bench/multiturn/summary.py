@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmserve.bench.harness import (
+from mmserve.bench.lib.harness import (
     MAX_OTHERS,
     contention_summary,
     fmt_spread,

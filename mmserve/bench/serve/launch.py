@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench.harness import (
+from mmserve.bench.lib.harness import (
     contention_summary,
     fmt_spread,
     interleaved,
@@ -21,13 +21,13 @@ from mmserve.bench.harness import (
     uncontended,
     with_spread,
 )
-from mmserve.bench.priority import apply_priority
-from mmserve.bench.provenance import engine_versions, threads_info
-from mmserve.bench.report import markdown_table, save
-from mmserve.bench.runners import processor_kwargs_for
-from mmserve.bench.serve_client import run_client, summarize
-from mmserve.bench.servers import ENGINES, start_server, vllm_checkpoint
-from mmserve.bench.workloads import WARMUP_RUN, warmup_specs, workload_kind, workload_specs
+from mmserve.bench.lib.priority import apply_priority
+from mmserve.bench.lib.provenance import engine_versions, threads_info
+from mmserve.bench.lib.report import markdown_table, save
+from mmserve.bench.lib.runners import processor_kwargs_for
+from mmserve.bench.lib.servers import ENGINES, start_server, vllm_checkpoint
+from mmserve.bench.lib.workloads import WARMUP_RUN, warmup_specs, workload_kind, workload_specs
+from mmserve.bench.serve.client import run_client, summarize
 
 SPREAD_KEYS = ("req_per_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s")
 

@@ -1,7 +1,7 @@
 """The encoder store: per-tier lookup cost, and re-encodes + TTFT after a restart and on a
 second replica, with and without the store.
 
-``--replicas``: ``bench serve`` against replicas sharing Redis instead (``store_replicas``).
+``--replicas``: ``bench serve`` against replicas sharing Redis instead (``store.replicas``).
 
 Part 1 (``tiers``): one value at a time, N rounds interleaved over the tiers, the cost of a
 lookup as the engine pays it (read + MAC + decode): L1 host RAM, L2 local disk (warm page
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.harness import spread
-from mmserve.bench.images import synthetic_image
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.report import markdown_table, save
+from mmserve.bench.lib.harness import spread
+from mmserve.bench.lib.images import synthetic_image
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.report import markdown_table, save
 from mmserve.store.codec import StoreCodec
 from mmserve.store.disk import DiskTier
 from mmserve.store.ram import RamTier
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     priority = apply_priority(args)
     proc, url = (None, args.redis) if args.redis else start_redis()
     if args.replicas:
-        from mmserve.bench.store_replicas import replicas_main
+        from mmserve.bench.store.replicas import replicas_main
 
         if url is None:
             raise SystemExit("--replicas needs redis-server or --redis URL")

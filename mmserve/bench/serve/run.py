@@ -6,7 +6,7 @@ Start a server first, e.g. ``mmserve serve --model tiny-llava-small --port 8000`
 its prefixes and images (``--run``, default from the clock), so repeated runs against one server
 do not hit each other's caches. ``--concurrency 8,32`` runs one after another.
 
-``--launch mmserve,vllm`` starts the servers itself (``servers.py``: same thread count, vLLM with
+``--launch mmserve,vllm`` starts the servers itself (``lib.servers``: same thread count, vLLM with
 ``--vllm-python``) in interleaved rounds: round r starts each server in turn (order rotated per
 round), warms it up, runs every ``--concurrency`` on the same salted workload as the other
 servers of that round, and stops it. Reports the median and min-max over ``--rounds`` per
@@ -23,12 +23,12 @@ from typing import Any
 
 import httpx
 
-from mmserve.bench.harness import add_contention_args
-from mmserve.bench.images import RESOLUTIONS
-from mmserve.bench.priority import add_priority_arg, apply_priority
-from mmserve.bench.report import markdown_table, plot_lines, save
-from mmserve.bench.serve_client import run_client, summarize
-from mmserve.bench.workloads import workload_kind, workload_specs
+from mmserve.bench.lib.harness import add_contention_args
+from mmserve.bench.lib.images import RESOLUTIONS
+from mmserve.bench.lib.priority import add_priority_arg, apply_priority
+from mmserve.bench.lib.report import markdown_table, plot_lines, save
+from mmserve.bench.lib.workloads import workload_kind, workload_specs
+from mmserve.bench.serve.client import run_client, summarize
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,7 +104,7 @@ def main(
     """``transport`` lets tests run the client against an in-process stub."""
     args = build_parser().parse_args(argv)
     if args.launch:
-        from mmserve.bench.serve_launch import launch_main
+        from mmserve.bench.serve.launch import launch_main
 
         return launch_main(args)
     apply_priority(args)

@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mmserve.bench import serve
-from mmserve.bench.report import markdown_table, save
-from mmserve.bench.servers import start_server
+from mmserve.bench.lib.report import markdown_table, save
+from mmserve.bench.lib.servers import start_server
+from mmserve.bench.serve import run as serve
 
 REPLICAS = (
     ("A: store (Redis), first", True),

@@ -1,0 +1,1 @@
+"""``bench multiturn``: one chat adding an image per turn, per engine and round."""

@@ -1,0 +1,2 @@
+"""``bench reuse``: R requests repeating a fraction of earlier images and prefixes (or Zipf
+draws), on each engine."""

@@ -1,0 +1,2 @@
+"""``bench serve``: an async streaming client against OpenAI-compatible servers, optionally
+launched per round."""
