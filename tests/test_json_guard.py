@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from mmserve.cli import build_parser
-from mmserve.entrypoints.openai import json_guard
-from mmserve.entrypoints.openai.json_guard import GuardBusy, JSONGuard
-from mmserve.entrypoints.openai.limits import RequestLimits
+from mmserve.entrypoints.openai.http import json_guard
+from mmserve.entrypoints.openai.http.json_guard import GuardBusy, JSONGuard
+from mmserve.entrypoints.openai.http.limits import RequestLimits
 from mmserve.entrypoints.openai.server import build_app_from_args
 
 BODY = b'{"model": "m", "messages": []}'

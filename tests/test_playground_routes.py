@@ -12,7 +12,7 @@ import pytest
 from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.app import build_app
 from mmserve.entrypoints.openai.cli_args import http_policy
-from mmserve.entrypoints.openai.policy import HTTPPolicy
+from mmserve.entrypoints.openai.http.policy import HTTPPolicy
 from mmserve.entrypoints.openai.server import RunningServer
 from tests.openai_server import serve_model
 
@@ -86,7 +86,7 @@ def test_without_ui_there_is_no_page(server: RunningServer) -> None:
 
 
 def test_a_package_without_the_page_fails_loudly(tmp_path, monkeypatch) -> None:
-    from mmserve.entrypoints.openai import ui_routes
+    from mmserve.entrypoints.openai.routes import ui as ui_routes
 
     (tmp_path / "ui").mkdir()
     (tmp_path / "ui" / "playground.js").write_text("")

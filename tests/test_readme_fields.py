@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mmserve.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from mmserve.entrypoints.openai.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
+from mmserve.entrypoints.openai.completions.protocol import ChatCompletionRequest, CompletionRequest
+from mmserve.entrypoints.openai.completions.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

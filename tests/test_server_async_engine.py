@@ -22,7 +22,7 @@ from mmserve.engine.async_engine import (
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import ServerMetrics
 from mmserve.engine.outputs import RequestOutput
-from mmserve.entrypoints.openai.streaming import DeltaTracker
+from mmserve.entrypoints.openai.http.streaming import DeltaTracker
 from mmserve.sampling_params import SamplingParams
 
 PROMPT = "USER: <image>\nWhat is this? ASSISTANT:"

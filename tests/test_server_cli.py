@@ -210,7 +210,7 @@ def test_engine_arguments_reach_the_engine_and_unknown_ones_fail() -> None:
 
 
 def test_bad_limit_flags_name_the_value() -> None:
-    from mmserve.entrypoints.openai.limits import limits_from_args
+    from mmserve.entrypoints.openai.http.limits import limits_from_args
 
     with pytest.raises(ValueError, match="max_content_parts"):
         limits_from_args(build_parser().parse_args(["serve", "--max-content-parts", "0"]))
@@ -334,7 +334,7 @@ def test_bad_server_flags_name_the_flag_before_loading(argv: list[str], named: s
 def test_empty_cache_salt_is_a_400() -> None:
     from pydantic import ValidationError
 
-    from mmserve.entrypoints.openai.protocol import CompletionRequest
+    from mmserve.entrypoints.openai.completions.protocol import CompletionRequest
 
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"prompt": "hi", "cache_salt": ""})

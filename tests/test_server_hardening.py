@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from mmserve.cli import build_parser
-from mmserve.entrypoints.openai import serving
+from mmserve.entrypoints.openai.completions import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.bait_server import BaitServer
 from tests.server_process import free_port
@@ -254,7 +254,7 @@ def test_client_hanging_up_mid_body_is_no_server_error(server: RunningServer) ->
 
 
 def test_overload_answer_has_retry_after() -> None:
-    from mmserve.entrypoints.openai.errors import APIError, error_response
+    from mmserve.entrypoints.openai.http.errors import APIError, error_response
 
     resp = error_response(APIError(503, "busy"))
     assert resp.headers["retry-after"] == "1"
@@ -440,7 +440,7 @@ def test_uuid_is_scoped_by_salt_and_checked_against_size(
 def test_hostile_large_bodies_are_never_parsed_in_the_server_process(
     http: httpx.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mmserve.entrypoints.openai import http_body
+    from mmserve.entrypoints.openai.http import body as http_body
 
     parsed: list[int] = []
     real = http_body.parse_and_screen
@@ -477,6 +477,6 @@ def test_hostile_large_bodies_are_never_parsed_in_the_server_process(
     ],
 )
 def test_host_allow_list_matching(header: str, patterns: list[str], allowed: bool) -> None:
-    from mmserve.entrypoints.openai.middleware import host_allowed
+    from mmserve.entrypoints.openai.http.middleware import host_allowed
 
     assert host_allowed(header, patterns) is allowed

@@ -12,8 +12,8 @@ import pytest
 from openai import OpenAI
 
 from mmserve import LLM, SamplingParams
-from mmserve.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from mmserve.entrypoints.openai.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
+from mmserve.entrypoints.openai.completions.protocol import ChatCompletionRequest, CompletionRequest
+from mmserve.entrypoints.openai.completions.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
 from mmserve.entrypoints.openai.server import RunningServer
 from tests.openai_server import openai_client, serve_model
 

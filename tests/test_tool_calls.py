@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mmserve.entrypoints.openai.tool_calls import ChatTool, NamedToolChoice, ToolMode
+from mmserve.entrypoints.openai.completions.tool_calls import ChatTool, NamedToolChoice, ToolMode
 
 TOOLS = [
     ChatTool.model_validate(

@@ -1,8 +1,6 @@
-"""OpenAI-compatible HTTP server: protocol models, serving, errors, app, ``serve`` CLI flags.
-
-Modules: ``protocol`` (pydantic request/response models), ``errors`` (OpenAI-shaped error
-bodies and status mapping), ``streaming`` (SSE / delta / disconnect helpers), ``serving``
-(chat and completion handling), ``app`` (FastAPI routes, auth, metrics middleware),
-``cli_args`` (``mmserve serve`` flags), ``server`` (uvicorn launch, in-thread server).
-Nothing heavy is imported here so that the CLI parser stays fast.
+"""OpenAI-compatible HTTP server: ``app`` (FastAPI routes), ``server`` (uvicorn launch,
+in-thread server), ``cli_args`` (``mmserve serve`` flags), ``vllm_flags`` (vLLM's flags mmserve
+refuses or ignores); ``http/`` (errors, limits, bodies, policy, streaming), ``completions/``
+(chat and completions), ``routes/`` (tokenize, playground page). Nothing heavy is imported here
+so that the CLI parser stays fast.
 """

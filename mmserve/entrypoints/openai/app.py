@@ -1,8 +1,8 @@
 """The FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
 /health, /ping (GET and POST, like vLLM's and SageMaker's), /version, /metrics, and with
-``ui`` the playground page at ``/`` (``ui_routes``).
+``ui`` the playground page at ``/`` (``routes.ui``).
 
-Request bodies are parsed by ``http_body`` rather than by FastAPI, after the middlewares have
+Request bodies are parsed by ``http.body`` rather than by FastAPI, after the middlewares have
 checked the Host header and the API key, so every malformed body is an OpenAI-shaped 4xx.
 With an API key, everything but ``/health`` and ``/ping`` needs it (``/metrics`` too, unless
 ``public_metrics``; ``/docs`` and ``/openapi.json`` too). CORS headers only for
@@ -22,29 +22,29 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.entrypoints.openai.errors import (
-    RETRY_AFTER_S,
-    error_response,
-    install_error_handlers,
-    to_api_error,
-)
-from mmserve.entrypoints.openai.http_body import read_json_body
-from mmserve.entrypoints.openai.json_guard import DEFAULT_MAX_WAITING, JSONGuard
-from mmserve.entrypoints.openai.middleware import (
-    AllowedHostsMiddleware,
-    APIKeyMiddleware,
-    HTTPMetricsMiddleware,
-)
-from mmserve.entrypoints.openai.policy import HTTPPolicy
-from mmserve.entrypoints.openai.protocol import (
+from mmserve.entrypoints.openai.completions.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
 )
-from mmserve.entrypoints.openai.serving import OpenAIServing
-from mmserve.entrypoints.openai.tokenize_routes import TokenizeHandler, add_tokenize_routes
-from mmserve.entrypoints.openai.ui_routes import add_ui_routes, ui_files, ui_paths
+from mmserve.entrypoints.openai.completions.serving import OpenAIServing
+from mmserve.entrypoints.openai.http.body import read_json_body
+from mmserve.entrypoints.openai.http.errors import (
+    RETRY_AFTER_S,
+    error_response,
+    install_error_handlers,
+    to_api_error,
+)
+from mmserve.entrypoints.openai.http.json_guard import DEFAULT_MAX_WAITING, JSONGuard
+from mmserve.entrypoints.openai.http.middleware import (
+    AllowedHostsMiddleware,
+    APIKeyMiddleware,
+    HTTPMetricsMiddleware,
+)
+from mmserve.entrypoints.openai.http.policy import HTTPPolicy
+from mmserve.entrypoints.openai.routes.tokenize import TokenizeHandler, add_tokenize_routes
+from mmserve.entrypoints.openai.routes.ui import add_ui_routes, ui_files, ui_paths
 from mmserve.version import package_version
 
 OWNED_BY = "mmserve"  # /v1/models' owned_by (vLLM writes "vllm")

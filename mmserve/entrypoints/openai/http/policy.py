@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from mmserve.entrypoints.openai.limits import RequestLimits
+from mmserve.entrypoints.openai.http.limits import RequestLimits
 
 
 def ui_default(host: str) -> bool:

@@ -15,9 +15,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from mmserve.entrypoints.openai.errors import APIError, ClientGone, validation_error
-from mmserve.entrypoints.openai.json_guard import JSONGuard, needs_guard, parse_and_screen
-from mmserve.entrypoints.openai.limits import RequestLimits
+from mmserve.entrypoints.openai.http.errors import APIError, ClientGone, validation_error
+from mmserve.entrypoints.openai.http.json_guard import JSONGuard, needs_guard, parse_and_screen
+from mmserve.entrypoints.openai.http.limits import RequestLimits
 
 M = TypeVar("M", bound=BaseModel)
 Offload = Callable[..., Awaitable[Any]]

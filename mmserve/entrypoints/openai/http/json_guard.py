@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
-from mmserve.entrypoints.openai.limits import LimitExceeded, RequestLimits
+from mmserve.entrypoints.openai.http.limits import LimitExceeded, RequestLimits
 
 logger = logging.getLogger(__name__)
 

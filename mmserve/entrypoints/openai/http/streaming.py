@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from mmserve.entrypoints.openai.errors import APIError
+from mmserve.entrypoints.openai.http.errors import APIError
 
 T = TypeVar("T")
 

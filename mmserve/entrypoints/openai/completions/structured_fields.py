@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mmserve.entrypoints.openai.errors import APIError
+from mmserve.entrypoints.openai.http.errors import APIError
 from mmserve.structured_outputs import StructuredOutputsParams
 
 

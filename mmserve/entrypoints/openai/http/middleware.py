@@ -9,7 +9,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mmserve.engine.metrics import ServerMetrics
-from mmserve.entrypoints.openai.errors import APIError, error_response
+from mmserve.entrypoints.openai.http.errors import APIError, error_response
 
 ENDPOINTS = (
     "/v1/chat/completions",

@@ -14,13 +14,13 @@ from mmserve.engine.generation_defaults import (
     default_max_tokens,
     merge_defaults,
 )
-from mmserve.entrypoints.openai.errors import APIError
-from mmserve.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from mmserve.entrypoints.openai.request_fields import (
+from mmserve.entrypoints.openai.completions.protocol import ChatCompletionRequest, CompletionRequest
+from mmserve.entrypoints.openai.completions.request_fields import (
     REFUSED_CHAT,
     REFUSED_COMPLETION,
     unsupported_fields,
 )
+from mmserve.entrypoints.openai.http.errors import APIError
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured_outputs import StructuredOutputsParams
 

@@ -24,8 +24,8 @@ from mmserve.engine.errors import (
     EngineShutdownError,
     EngineStepError,
 )
-from mmserve.entrypoints.openai.json_guard import GuardBusy
-from mmserve.entrypoints.openai.limits import LimitExceeded
+from mmserve.entrypoints.openai.http.json_guard import GuardBusy
+from mmserve.entrypoints.openai.http.limits import LimitExceeded
 from mmserve.multimodal.media.limits import MediaTooLargeError, VideoTooLargeError
 
 

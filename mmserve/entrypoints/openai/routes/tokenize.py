@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
-from mmserve.entrypoints.openai.errors import APIError, error_response, to_api_error
-from mmserve.entrypoints.openai.protocol import ChatMessage
-from mmserve.entrypoints.openai.serving import OpenAIServing
+from mmserve.entrypoints.openai.completions.protocol import ChatMessage
+from mmserve.entrypoints.openai.completions.serving import OpenAIServing
+from mmserve.entrypoints.openai.http.errors import APIError, error_response, to_api_error
 
 ReadBody = Callable[[Request, Any], Awaitable[Any]]
 

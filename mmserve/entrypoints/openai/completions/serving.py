@@ -1,6 +1,6 @@
 """Request handling of /v1/chat/completions and /v1/completions.
 
-- Sampling fields are validated before any image is loaded (``sampling_request``); bodies are
+- Sampling fields are validated before any image is loaded (``sampling``); bodies are
   shaped by ``responses``.
 - Non-streaming requests and the wait for a stream's first output race against the client's
   ``http.disconnect``: a client that goes away aborts its request. Open streams are cancelled by
@@ -22,20 +22,20 @@ from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
-from mmserve.entrypoints.openai.errors import APIError
-from mmserve.entrypoints.openai.protocol import (
+from mmserve.entrypoints.openai.completions.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from mmserve.entrypoints.openai.responses import ResponseShaper
-from mmserve.entrypoints.openai.sampling_request import AnyRequest, sampling_factory
-from mmserve.entrypoints.openai.streaming import (
+from mmserve.entrypoints.openai.completions.responses import ResponseShaper
+from mmserve.entrypoints.openai.completions.sampling import AnyRequest, sampling_factory
+from mmserve.entrypoints.openai.completions.structured_fields import structured_spec
+from mmserve.entrypoints.openai.completions.tool_calls import ToolMode
+from mmserve.entrypoints.openai.http.errors import APIError
+from mmserve.entrypoints.openai.http.streaming import (
     aclose_quietly,
     last_item,
     until_disconnect,
 )
-from mmserve.entrypoints.openai.structured_fields import structured_spec
-from mmserve.entrypoints.openai.tool_calls import ToolMode
 from mmserve.inputs import PromptInput
 from mmserve.structured_outputs import StructuredOutputsParams
 

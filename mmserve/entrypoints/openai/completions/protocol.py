@@ -16,8 +16,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mmserve.entrypoints.openai.structured_fields import ResponseFormat, StructuredOutputsField
-from mmserve.entrypoints.openai.tool_calls import ChatTool, ToolChoice
+from mmserve.entrypoints.openai.completions.structured_fields import (
+    ResponseFormat,
+    StructuredOutputsField,
+)
+from mmserve.entrypoints.openai.completions.tool_calls import ChatTool, ToolChoice
 
 
 class _Request(BaseModel):

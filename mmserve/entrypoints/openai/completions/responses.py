@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mmserve.engine.outputs import RequestOutput
-from mmserve.entrypoints.openai.errors import error_body, to_api_error
-from mmserve.entrypoints.openai.logprobs_format import (
+from mmserve.entrypoints.openai.completions.logprobs import (
     LogprobsFormatter,
     format_prompt_logprobs,
 )
-from mmserve.entrypoints.openai.protocol import MediaInputUsage, Usage, make_usage
-from mmserve.entrypoints.openai.sampling_request import AnyRequest, stops_of
-from mmserve.entrypoints.openai.streaming import DeltaTracker, aclose_quietly, sse
-from mmserve.entrypoints.openai.tool_calls import ToolMode
+from mmserve.entrypoints.openai.completions.protocol import MediaInputUsage, Usage, make_usage
+from mmserve.entrypoints.openai.completions.sampling import AnyRequest, stops_of
+from mmserve.entrypoints.openai.completions.tool_calls import ToolMode
+from mmserve.entrypoints.openai.http.errors import error_body, to_api_error
+from mmserve.entrypoints.openai.http.streaming import DeltaTracker, aclose_quietly, sse
 
 
 def usage_of(out: RequestOutput) -> Usage:

@@ -14,7 +14,7 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from mmserve.entrypoints.openai.errors import APIError, error_response
+from mmserve.entrypoints.openai.http.errors import APIError, error_response
 
 _MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",

@@ -1,0 +1,1 @@
+"""The other routes: /tokenize and /detokenize, and the playground page."""
