@@ -1,7 +1,7 @@
 """Compiling output constraints (``StructuredOutputsParams``) with xgrammar.
 
 xgrammar was chosen over outlines-core by measured per-token CPU overhead (mask fill + apply +
-advance) and compile time; see ``benchmarks/grammar_overhead.py`` and the README.
+advance) and compile time; see ``benchmarks/grammar_overhead.py`` and docs/serving.md.
 """
 
 from __future__ import annotations

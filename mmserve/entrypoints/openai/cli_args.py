@@ -26,7 +26,7 @@ DESCRIPTION = """\
 Serve a model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
 /v1/models, /tokenize, /detokenize) plus /health, /ping, /version and /metrics (Prometheus),
 in one process. `mmserve serve MODEL` takes vLLM's flag names and value syntax; vLLM flags
-mmserve cannot honour fail with one line naming the flag (see the README).
+mmserve cannot honour fail with one line naming the flag (see docs/vllm-compatibility.md).
 
 Requests without max_tokens / max_completion_tokens generate at most
 min(256, max_model_len - prompt tokens) tokens. Local image files are refused unless

@@ -159,7 +159,7 @@ class PromptTokensDetails(BaseModel):
 
 
 class MediaInputUsage(BaseModel):
-    """mmserve's extension (README, ``usage.mm_inputs``): how one image / video got its
+    """mmserve's extension (docs/serving.md, ``usage.mm_inputs``): how one image / video got its
     embeddings."""
 
     type: Literal["image", "video"]
