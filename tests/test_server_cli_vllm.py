@@ -213,5 +213,5 @@ def test_serve_help_shows_the_vllm_syntax() -> None:
     text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     for snippet in ("MODEL", "--dtype", "half", "4k (4000)", "--kv-cache-memory-bytes", "-tp"):
         assert snippet in text, snippet
-    assert "--quantization" not in text  # refused flags are hidden (docs/vllm-compatibility.md lists them)
+    assert "--quantization" not in text  # hidden; docs/vllm-compatibility.md lists them
     assert isinstance(build_parser().parse_args(["serve"]), argparse.Namespace)

@@ -4,7 +4,8 @@ or accepted as no-ops where their only effect is on logging or on hardware mmser
 The flags mmserve does implement (``--dtype``, ``--max-model-len``, ``--tensor-parallel-size``,
 ``--trust-remote-code``, ...) are ``EngineArgs`` fields or server flags; this table is only
 for the rest, so a ``vllm serve`` command line fails fast and clearly instead of loading a
-model with a setting silently dropped. Hidden from ``--help`` (docs/vllm-compatibility.md lists them).
+model with a setting silently dropped. Hidden from ``--help`` (docs/vllm-compatibility.md
+lists them).
 """
 
 from __future__ import annotations
