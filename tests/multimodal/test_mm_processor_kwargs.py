@@ -11,7 +11,7 @@ from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from tests.conftest import assert_no_leaks, make_image
-from tests.test_qwen2_vl import PAD, QwenReference, chat_prompt
+from tests.models.test_qwen2_vl import PAD, QwenReference, chat_prompt
 
 MODEL = "tiny-qwen2-vl"
 GREEDY = SamplingParams(temperature=0, max_tokens=12)

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from conftest import make_image
 from openai import BadRequestError, OpenAI
-from test_chat_templates import hf_render, reference, text_parts
 
 from mmserve import LLM, SamplingParams
 from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from mmserve.models.tiny.hub_layouts import LLAVA_TEXT_TEMPLATE
+from tests.serving.test_chat_templates import hf_render, reference, text_parts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 TEXT = "What is in the picture?"

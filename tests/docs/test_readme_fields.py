@@ -9,7 +9,7 @@ from pathlib import Path
 from mmserve.entrypoints.openai.completions.protocol import ChatCompletionRequest, CompletionRequest
 from mmserve.entrypoints.openai.completions.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
 
-FIELDS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "vllm-compatibility.md"
+FIELDS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "vllm-compatibility.md"
 
 
 def test_field_table_lists_every_implemented_and_refused_field() -> None:

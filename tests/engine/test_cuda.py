@@ -8,7 +8,7 @@ import torch
 
 from mmserve import LLM, SamplingParams
 from tests.conftest import Reference, assert_no_leaks
-from tests.test_qwen2_vl import QwenReference, chat_prompt
+from tests.models.test_qwen2_vl import QwenReference, chat_prompt
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -17,7 +17,7 @@ from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing
 from mmserve.multimodal.image.fast_pixels import FAST_RESIZE_MAX_LEVELS
 from mmserve.multimodal.image.prep import ImagePreparer
 from mmserve.multimodal.media.policy import MediaFetchPolicy
-from tests.test_fast_preprocessing import MODES, image_in_mode, picture
+from tests.multimodal.test_fast_preprocessing import MODES, image_in_mode, picture
 
 PRESETS = ["tiny-llava-onevision", "tiny-llava-next", "tiny-llava-onevision-small"]
 SIZES = [(96, 80), (64, 64), (120, 50), (30, 200), (1280, 720), (1, 1), (500, 3), (3, 500)]

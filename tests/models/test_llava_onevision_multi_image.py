@@ -17,7 +17,7 @@ from mmserve.engine.loading import build_model_config
 from mmserve.models.registry import resolve_architecture
 from mmserve.multimodal.image.anyres import AnyresGeometry
 from tests.conftest import assert_no_leaks, make_image
-from tests.test_llava_onevision import MODEL, reference
+from tests.models.test_llava_onevision import MODEL, reference
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)
@@ -149,8 +149,8 @@ def test_the_budget_bound_holds_base_only_images():
 def test_a_video_beside_two_images_keeps_its_frames_and_drops_their_grids(imgs):
     """Videos are unchanged (frames pooled, one item each); the two images of the prompt take
     the multi-image mode, as transformers' processor takes the images of one sample."""
-    from tests.test_llava_onevision_video import GREEDY as VIDEO_GREEDY
-    from tests.test_llava_onevision_video import VideoReference, make_frames, prompt
+    from tests.models.test_llava_onevision_video import GREEDY as VIDEO_GREEDY
+    from tests.models.test_llava_onevision_video import VideoReference, make_frames, prompt
 
     ref = VideoReference()
     video, images = make_frames(3, 3), [imgs[0], imgs[2]]

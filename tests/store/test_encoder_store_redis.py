@@ -20,7 +20,7 @@ pytestmark = needs_redis
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 SECRET = "shared-deployment-secret-for-tests"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 FIRST_REPLICA = """
 import json, sys

@@ -16,7 +16,7 @@ from mmserve.layers.attention import (
     select_attention_backend,
 )
 from mmserve.layers.attention_masks import window_start
-from tests.test_paged_attention import build_batch
+from tests.layers.test_paged_attention import build_batch
 
 CPU = torch.device("cpu")
 

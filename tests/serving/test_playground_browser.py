@@ -35,7 +35,7 @@ if not (CHROMIUM and CHROMEDRIVER) and not REQUIRED:
 
 KEY = "browser-key"
 ARTIFACTS = Path(
-    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[1] / "test-artifacts")
+    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
 )
 CACHED = {"prefix_cache", "encoder_cache", "encoder_store"}
 

@@ -19,7 +19,7 @@ from mmserve.entrypoints.openai.completions import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.bait_server import BaitServer
 from tests.server_process import free_port
-from tests.test_server import png_url, scrape, wait_idle
+from tests.serving.test_server import png_url, scrape, wait_idle
 
 API_KEY = "hardening-key"
 MODEL = "tiny-llava"

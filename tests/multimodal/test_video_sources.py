@@ -26,7 +26,7 @@ from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.video.memo import PreparedVideoMemo
 from mmserve.multimodal.workers import MediaWorkers
 from tests.bait_server import BaitServer
-from tests.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
+from tests.multimodal.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
 from tests.video_helpers import frame_index, make_video
 
 VIDEO = make_video(90, 30)  # 3 s at 30 fps, 64x48
