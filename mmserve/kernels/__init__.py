@@ -1,9 +1,9 @@
 """mmserve's compiled CPU kernels, when the install built them (see ``setup.py``).
 
-``cpu_ops()`` is the extension module for this CPU (the widest instruction-set variant it
-runs: ``paged_attention``, ``rms_norm``, ``add_rms_norm``, ``rotary_embedding``), or None;
-``unavailable_reason()`` says why not. ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off
-(the pure-torch paths run instead).
+``cpu_ops()`` is the extension module for this CPU (of the instruction-set variants it runs,
+``variants.py``, the widest one the install built: ``paged_attention``, ``rms_norm``,
+``add_rms_norm``, ``rotary_embedding``), or None; ``unavailable_reason()`` says why not.
+``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off (the pure-torch paths run instead).
 """
 
 from __future__ import annotations
@@ -17,15 +17,9 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from mmserve.kernels.variants import ENV_VAR, runnable_variants
 
-# torch's CPU capability -> extension variants it can run, widest first.
-VARIANTS_BY_CAPABILITY = {
-    "AVX512": ("avx512", "avx2", "generic"),
-    "AVX512_BF16": ("avx512", "avx2", "generic"),
-    "AMX": ("avx512", "avx2", "generic"),
-    "AVX2": ("avx2", "generic"),
-}
+logger = logging.getLogger(__name__)
 
 
 @cache
@@ -34,12 +28,16 @@ def _load() -> tuple[Any, str]:
         return None, "MMSERVE_DISABLE_CPU_KERNELS is set"
     capability = torch.backends.cpu.get_cpu_capability()
     errors = []
-    for variant in VARIANTS_BY_CAPABILITY.get(capability, ("generic",)):
+    for variant in runnable_variants(capability):
         try:
             return importlib.import_module(f"mmserve.kernels._C_{variant}"), ""
         except ImportError as exc:
             errors.append(f"{variant}: {exc}")
-    return None, f"no CPU kernel for capability {capability} ({'; '.join(errors)})"
+    return None, (
+        f"no CPU kernel for capability {capability} ({'; '.join(errors)}); the install builds "
+        f"the variant of the CPU it runs on when torch and a C++ compiler are there "
+        f"(pip install --no-build-isolation), {ENV_VAR}=all builds every variant"
+    )
 
 
 def cpu_ops() -> Any:

@@ -7,6 +7,7 @@
 #include "ops.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cmath>
 
@@ -52,7 +53,7 @@ __attribute__((optimize("fp-contract=off"))) void rotate_heads(float* x, int64_t
   }
 }
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+void check_rows(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 CPU tensor");
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
@@ -62,9 +63,9 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
 
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
   const float *px = x.data_ptr<float>(), *pw = weight.data_ptr<float>();
   float* po = out.data_ptr<float>();
@@ -75,12 +76,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return out;
 }
 
-torch::Tensor add_rms_norm(torch::Tensor& residual, const torch::Tensor& delta,
-                           const torch::Tensor& weight, double eps) {
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
+                        double eps) {
   check_rows(residual, weight);
   check_rows(delta, weight);
   TORCH_CHECK(residual.sizes() == delta.sizes(), "residual and delta shapes differ");
-  auto out = torch::empty_like(residual);
+  auto out = at::empty_like(residual);
   const int64_t n = residual.size(-1), rows = residual.numel() / std::max<int64_t>(n, 1);
   float* pr = residual.data_ptr<float>();
   const float *pd = delta.data_ptr<float>(), *pw = weight.data_ptr<float>();
@@ -94,8 +95,7 @@ torch::Tensor add_rms_norm(torch::Tensor& residual, const torch::Tensor& delta,
   return out;
 }
 
-void rotary_embedding(torch::Tensor& x, int64_t heads, const torch::Tensor& cos,
-                      const torch::Tensor& sin) {
+void rotary_embedding(at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                   x.dim() == 2,
               "x must be a contiguous float32 CPU tensor [tokens, width]");

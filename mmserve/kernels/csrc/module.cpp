@@ -1,5 +1,8 @@
 #include "ops.h"
 
+// the tensor <-> Python conversions only (half the compile time of torch/extension.h)
+#include <torch/csrc/utils/pybind.h>
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "causal paged attention over block tables");
   m.def("supported_head_dims", []() { return std::vector<int64_t>{32, 64, 80, 96, 128, 256}; });

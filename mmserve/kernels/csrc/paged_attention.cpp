@@ -16,6 +16,7 @@
 #include "paged_attention_kernels.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cmath>
@@ -82,10 +83,10 @@ void run(const Args& a, int64_t num_seqs) {
 
 }  // namespace
 
-torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                              const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                              const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens,
-                              double scale, int64_t block_size) {
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& block_tables,
+                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                           double scale, int64_t block_size) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 3,
               "q must be a float32 CPU tensor [tokens, heads, head_dim]");
   TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
@@ -108,7 +109,7 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
   TORCH_CHECK(num_heads / num_kv_heads <= TILE_ROWS, "more than ", TILE_ROWS,
               " query heads per kv head");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
-  auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   const auto qsl = query_start_loc.contiguous();
   const auto lens = seq_lens.contiguous();
   TORCH_CHECK(qsl[num_seqs].item<int32_t>() == q.size(0), "query_start_loc[-1] != tokens");
