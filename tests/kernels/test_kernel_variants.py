@@ -23,7 +23,7 @@ from mmserve.kernels.variants import (
     variants_to_build,
 )
 
-SETUP_PY = Path(__file__).resolve().parents[1] / "setup.py"
+SETUP_PY = Path(__file__).resolve().parents[2] / "setup.py"
 
 
 @pytest.mark.parametrize(
