@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
+from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured_outputs import StructuredOutputsParams
 
@@ -59,16 +60,15 @@ def run_warmup_request(engine: LLMEngine) -> WarmupReport:
     if placeholder is not None and engine.processor.max_images > 0:
         for size in WARMUP_IMAGE_SIZES:
             try:
-                processed = engine.process_inputs(
-                    f"{placeholder}\n{WARMUP_TEXT}", [warmup_image(size)]
-                )
+                prompt = PromptInput(f"{placeholder}\n{WARMUP_TEXT}", [warmup_image(size)])
+                processed = engine.intake.process(prompt)
                 break
             except ValueError as exc:  # larger than this engine's limits: try a smaller one
                 logger.debug("warm-up image %s refused: %s", size, exc)
     if processed is None:
-        processed = engine.process_inputs(WARMUP_TEXT)
+        processed = engine.intake.process(PromptInput(WARMUP_TEXT))
     params = SamplingParams(temperature=0, max_tokens=WARMUP_OUTPUT_TOKENS, ignore_eos=True)
-    req_id = engine.add_processed(processed, params)
+    req_id = engine.intake.add_processed(processed, params)
     finished = None
     while finished is None:
         for out in engine.step():
