@@ -15,6 +15,7 @@ from mmserve import LLM, SamplingParams
 from mmserve.core.kv_cache_manager import cdiv
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.loading import build_model_config
+from mmserve.inputs import PromptInput
 from tests.conftest import make_image
 
 QWEN_PIXELS = {"max_pixels": 28 * 28 * 100, "min_pixels": 28 * 28 * 4}  # 4..100 embeddings
@@ -151,7 +152,7 @@ def inject_faults(engine: LLMEngine, fail_calls: set[int]) -> None:
     ``COOLDOWN`` calls (a transient fault: the bisecting retries after it find a healthy model)."""
     model = engine.model
     # the admission memo hands out this very object for every later use of POISON
-    poison = engine.process_inputs(placeholder(engine.config.model.model), [POISON])
+    poison = engine.intake.process(PromptInput(placeholder(engine.config.model.model), [POISON]))
     poison_data = poison.mm_items[0].data
     real_encode, real_forward = model.encode_images, model.forward
     calls = Counter[str](last_fault=-COOLDOWN - 1)

@@ -79,10 +79,10 @@ def run_turn(llm: LLM, prompt: str, video: np.ndarray, max_tokens: int) -> dict[
     before = engine.get_metrics()["encoder_images_encoded"]
     start = time.perf_counter()
     inp = PromptInput.of({"prompt": prompt, "videos": [video]})
-    processed = engine.process_inputs(inp.prompt, videos=inp.videos)
+    processed = engine.intake.process(inp)
     admitted = time.perf_counter()
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    req_id = engine.add_processed(processed, params, None, prompt)
+    req_id = engine.intake.add_processed(processed, params, None, prompt)
     ttft = None
     while True:
         outs = [out for out in engine.step() if out.request_id == req_id]

@@ -1,27 +1,27 @@
-"""Admission in the server: bounded executors and the ``Admission`` pipeline, so no
-request's CPU work runs on the event loop."""
+"""Admission: the ``Admission`` interface (``PromptInput`` -> checked ``ProcessedPrompt``) and,
+in the server, bounded executors and the ``AdmissionPipeline``, so no request's CPU work runs
+on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from mmserve.inputs import ProcessedPrompt, VideoFrames
+from mmserve.engine.model_front import ModelFront
+from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media.policy import MediaKind
-from mmserve.multimodal.processor import memo_key
+from mmserve.multimodal.processor import InputProcessor, memo_key
 from mmserve.multimodal.video.memo import AnyPreparedVideo, VideoLookup
 from mmserve.multimodal.workers import MediaWorkers
-
-if TYPE_CHECKING:
-    from mmserve.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +114,29 @@ async def gather_or_cancel(*aws: Awaitable[T]) -> list[T]:
     return [task.result() for task in tasks]
 
 
-class Admission:
-    """Prompt + image and video sources -> ``ProcessedPrompt``, none of it on the event loop.
+class Admission(Protocol):
+    """What admission needs of a served model, one interface wherever a prompt is admitted:
+    the engine's ``RequestIntake`` and the Ray ingress' ``FrontendEngine``. Both hold the
+    ``ModelFront`` of one constructor (``ModelFront.load``), so they cannot drift.
+
+    Invariants: ``process`` is thread-safe and blocking (never on the event loop); it raises
+    ValueError for any prompt the engine would refuse (``prompt_limits.checked_prompt``), before
+    the prompt reaches a step loop; the result's ``cache_salt`` is the prompt's. The intake also
+    starts the prompt's encoder store lookups (``store_timeout_s`` bounds the wait for them);
+    the ingress has no store (0.0: its replicas look up)."""
+
+    @property
+    def front(self) -> ModelFront: ...
+
+    @property
+    def store_timeout_s(self) -> float: ...
+
+    def process(self, prompt: PromptInput) -> ProcessedPrompt: ...
+
+
+class AdmissionPipeline:
+    """``PromptInput`` with image and video sources -> ``ProcessedPrompt``, none of it on the
+    event loop; the server's asynchronous front of ``Admission.process``.
 
     Invariants: image and video counts and ``mm_processor_kwargs`` are checked before anything
     is fetched; http(s) sources (any letter case) are fetched by the async ``MediaFetcher``
@@ -128,28 +149,28 @@ class Admission:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        admission: Callable[[], Admission],
         executors: AdmissionExecutors,
         fetcher: MediaFetcher,
         media_workers: MediaWorkers | None = None,
     ) -> None:
-        self.engine = engine
+        """``admission``: the ``Admission`` to use now (an engine's intake is rebuilt by
+        ``LLMEngine.warm_up``, so it is asked for at each use)."""
+        self._admission = admission
         self.executors = executors
         self.fetcher = fetcher
         self.media_workers = media_workers
 
-    async def admit(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any],
-        uuids: Sequence[str | None] | None,
-        cache_salt: str | None,
-        mm_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-    ) -> ProcessedPrompt:
-        """``mm_kwargs``: the request's ``mm_processor_kwargs`` (checked before any fetch);
-        ``videos``: video sources (``video.source``), decoded and preprocessed off the loop."""
-        processor = self.engine.processor
+    @property
+    def processor(self) -> InputProcessor:
+        return self._admission().front.processor
+
+    async def admit(self, prompt: PromptInput) -> ProcessedPrompt:
+        """``prompt`` with its image and video sources fetched, decoded and preprocessed off
+        the loop (``mm_processor_kwargs`` checked before any fetch), then processed."""
+        images, videos = prompt.images, prompt.videos
+        cache_salt, mm_kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
+        processor = self.processor
         processor.check_num_images(len(images))  # before any fetch or decode
         processor.videos.check_count(len(videos))
         processor.check_mm_kwargs(mm_kwargs)
@@ -163,15 +184,10 @@ class Admission:
             *(self.prepare_image(src, cache_salt, mm_kwargs, multi_image) for src in image_sources),
             *(self.prepare_video(src, cache_salt, mm_kwargs) for src in video_sources),
         )
-        processed = await self.executors.text(
-            self.engine.process_inputs,
-            prompt,
-            prepared[: len(images)],
-            uuids,
-            cache_salt,
-            mm_kwargs,
-            prepared[len(images) :],
+        ready = dataclasses.replace(
+            prompt, images=prepared[: len(images)], videos=prepared[len(images) :]
         )
+        processed = await self.executors.text(self._admission().process, ready)
         await self.wait_for_store(processed)
         return processed
 
@@ -179,7 +195,7 @@ class Admission:
         """Await the prompt's encoder store lookup, if any, up to the store deadline (hits are
         loaded instead of encoded; later answers are ignored)."""
         if processed.store_lookup is not None:
-            await processed.store_lookup.wait_async(self.engine.store_timeout_s)
+            await processed.store_lookup.wait_async(self._admission().store_timeout_s)
 
     async def prepare_image(
         self,
@@ -191,7 +207,7 @@ class Admission:
         """In a media worker process with the engine's processor settings; in the media
         threads for sources the workers do not take or per-request image settings.
         ``multi_image``: the prompt's images take the multi-image mode (``InputProcessor``)."""
-        processor = self.engine.processor
+        processor = self.processor
         own_settings = processor.image_kwargs(mm_kwargs) is not None
         if self.media_workers is None or not isinstance(source, (bytes, str)) or own_settings:
             return await self.executors.media(
@@ -214,8 +230,8 @@ class Admission:
         """Read and hash the video once and look it up in the processor's per-tenant memo
         (``VideoInputs.lookup``, in the media threads); only a miss is decoded
         (``decode_video``) and preprocessed (media threads)."""
-        videos = self.engine.processor.videos
-        merged = self.engine.processor.check_mm_kwargs(mm_kwargs)
+        videos = self.processor.videos
+        merged = self.processor.check_mm_kwargs(mm_kwargs)
         look = await self.executors.media(videos.lookup, source, merged, cache_salt)
         if look.hit is not None:
             return look.hit
@@ -226,7 +242,7 @@ class Admission:
         """Decode and sample a memo miss's bytes in a media worker process (the media threads
         without them)."""
         if self.media_workers is None:
-            return await self.executors.media(self.engine.processor.videos.decode, look)
+            return await self.executors.media(self.processor.videos.decode, look)
         assert look.data is not None
         return await self.media_workers.run_video(look.data, look.sampling)
 

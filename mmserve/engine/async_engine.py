@@ -1,10 +1,10 @@
 """AsyncLLMEngine: the LLMEngine step loop in one background thread, asyncio streams out.
 
 Threading contract (the LLMEngine is not thread-safe):
-- ONE dedicated thread ("mmserve-engine") owns the engine: only it calls ``add_processed``,
-  ``abort_request``, ``step`` and ``get_metrics``. Adds and aborts reach it through a
-  ``CommandInbox`` drained at the top of every loop iteration; with nothing to do the thread
-  sleeps on the inbox's condition (no busy spin).
+- ONE dedicated thread ("mmserve-engine") owns the engine: only it calls
+  ``intake.add_processed``, ``abort_request``, ``step`` and ``get_metrics``. Adds and aborts
+  reach it through a ``CommandInbox`` drained at the top of every loop iteration; with
+  nothing to do the thread sleeps on the inbox's condition (no busy spin).
 - After every iteration the thread publishes a fresh ``get_metrics()`` dict; readers on other
   threads only ever see a complete snapshot (``AsyncLLMEngine.get_metrics``).
 - Outputs go back to the event loop with ``loop.call_soon_threadsafe`` into a per-request
@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from mmserve.engine.admission import Admission, AdmissionExecutors
+from mmserve.engine.admission import Admission, AdmissionExecutors, AdmissionPipeline
 from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.command_inbox import Command, CommandInbox
 from mmserve.engine.errors import (
@@ -71,16 +71,18 @@ class AsyncLLMEngine(RequestLifecycle):
         executors: AdmissionExecutors | None = None,
         fetcher: MediaFetcher | None = None,
         media_workers: MediaWorkers | None = None,
+        admission: Callable[[], Admission] | None = None,
     ) -> None:
         """Wrap ``engine``; ``start=False`` leaves starting the loop thread to ``start()``.
         ``fetcher`` fetches http(s) images (default: the engine's media policy);
-        ``media_workers`` prepares images in worker processes (default: the media threads)."""
+        ``media_workers`` prepares images in worker processes (default: the media threads);
+        ``admission``: where prompts are admitted (default: the engine's current intake)."""
         if max_queued_requests is not None and max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
         self.engine = engine
         self.max_queued_requests = max_queued_requests
-        self.admission = Admission(
-            engine,
+        self.admission = AdmissionPipeline(
+            admission or (lambda: engine.intake),
             executors or AdmissionExecutors.sized_for(),
             fetcher or MediaFetcher(engine.processor.media_policy),
             media_workers,
@@ -285,7 +287,7 @@ class AsyncLLMEngine(RequestLifecycle):
                 self._abort([command.request_id])
             return
         try:
-            self.engine.add_processed(
+            self.engine.intake.add_processed(
                 command.processed, command.params, command.request_id, command.prompt_text
             )
         except ValueError as exc:

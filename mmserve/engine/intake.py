@@ -1,4 +1,4 @@
-"""RequestIntake: a prompt's inputs -> ProcessedPrompt (store lookups started) -> Request(s)."""
+"""RequestIntake: a PromptInput -> ProcessedPrompt (store lookups started) -> Request(s)."""
 
 from __future__ import annotations
 
@@ -6,32 +6,32 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from mmserve.config import EngineConfig
 from mmserve.core.scheduler import Scheduler
 from mmserve.engine.fanout import FanOut, child_params
 from mmserve.engine.generation_defaults import default_max_tokens
 from mmserve.engine.grammar import GrammarCompiler
+from mmserve.engine.model_front import ModelFront
 from mmserve.engine.output_processor import OutputProcessor
 from mmserve.engine.prompt_limits import checked_prompt
-from mmserve.inputs import MultiModalItem, ProcessedPrompt
-from mmserve.multimodal.processor import InputProcessor
+from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams
 from mmserve.store import EncoderStore
 
 
 class RequestIntake:
-    """The engine's admission half: ``process_inputs`` (thread-safe: tokenize, preprocess,
-    check the prompt fits, start its encoder-store lookups) and ``add_processed`` (engine
-    thread: check the parameters, attach the store hits, queue one request or ``n``
-    children). ``num_prompt_tokens`` counts the prompt tokens of every queued prompt."""
+    """The engine's ``Admission`` (``engine.admission``) and what follows it: ``process``
+    (thread-safe: tokenize, preprocess, check the prompt fits, start its encoder-store lookups)
+    and ``add_processed`` (engine thread: check the parameters, attach the store hits, queue
+    one request or ``n`` children). ``num_prompt_tokens`` counts the prompt tokens of every
+    queued prompt. ``LLMEngine.warm_up`` replaces it: hold the engine, not its intake."""
 
     def __init__(
         self,
         config: EngineConfig,
-        processor: InputProcessor,
+        front: ModelFront,
         store: EncoderStore | None,
         scheduler: Scheduler,
         outputs: OutputProcessor,
@@ -40,7 +40,7 @@ class RequestIntake:
         vocab_size: int,
     ) -> None:
         self.config = config
-        self.processor = processor
+        self.front = front
         self.store = store
         self.scheduler = scheduler
         self.outputs = outputs
@@ -51,27 +51,18 @@ class RequestIntake:
         self.num_prompt_tokens = 0
         self._ids = itertools.count()
 
-    # ---- inputs -> ProcessedPrompt -------------------------------------------------------
-    def process_inputs(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        cache_salt: str | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-    ) -> ProcessedPrompt:
-        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop).
-        ``videos``: decoded videos (``VideoFrames``, PIL frame lists, arrays) or
-        ``PreparedVideo``s, one item per frame group.
-        ``cache_salt`` scopes the images' encoder-cache keys (and, at ``add_processed``, the
-        prefix-cache block hashes) to one tenant; ``mm_processor_kwargs`` override the
-        engine's image processor settings for this prompt's images (part of their keys)."""
+    # ---- PromptInput -> ProcessedPrompt ---------------------------------------------------
+    def process(self, prompt: PromptInput) -> ProcessedPrompt:
+        """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop), check
+        it fits (``prompt_limits``) and start its store lookups. ``prompt.videos``: decoded
+        videos (``VideoFrames``, PIL frame lists, arrays) or ``PreparedVideo``s, one item per
+        frame group. ``prompt.cache_salt`` scopes the items' encoder-cache keys (and, at
+        ``add_processed``, the prefix-cache block hashes) to one tenant;
+        ``prompt.mm_processor_kwargs`` override the engine's processor settings for its images
+        and videos (part of their keys)."""
         processed = checked_prompt(
-            lambda: self.processor.process(
-                prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-            ),
-            cache_salt,
+            self.front.processor.process,
+            prompt,
             self.max_model_len,
             self.scheduler.encoder_cache.capacity,
             self.scheduler.encoder_compute_budget,  # the one budget: what each step may encode
@@ -121,12 +112,11 @@ class RequestIntake:
         request_id: str | None = None,
         prompt_text: str | None = None,
         cache_salt: str | None = None,
-        default_max_tokens_cap: int | None = None,
     ) -> str:
         """Queue one processed prompt; ``params.n > 1`` fans out ``n`` child requests whose
         outputs come back merged under ``request_id`` (see ``engine.fanout``). ``cache_salt``
         defaults to the one the prompt was admitted with; an unset ``max_tokens`` is the
-        room left in the context, at most ``default_max_tokens_cap``."""
+        room left in the context, at most the generation config's ``max_new_tokens``."""
         params.check_token_ids(self.vocab_size)
         if cache_salt is None:
             cache_salt = processed.cache_salt  # the salt admission scoped the images with
@@ -137,9 +127,8 @@ class RequestIntake:
             self.grammar.compile(params.structured_outputs)
         req_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.max_tokens is None:
-            room = default_max_tokens(
-                self.max_model_len, len(processed.prompt_token_ids), default_max_tokens_cap
-            )
+            cap = self.front.generation_defaults.get("max_tokens")
+            room = default_max_tokens(self.max_model_len, len(processed.prompt_token_ids), cap)
             params = dataclasses.replace(params, max_tokens=room)
         if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
             raise ValueError(f"request id {req_id!r} is already in use")

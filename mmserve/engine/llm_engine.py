@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ from mmserve.engine.stall import default_stall_steps, stall_message
 from mmserve.engine.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine.warmup import WarmupReport, run_warmup_request
 from mmserve.engine_args import EngineArgs
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import PromptInput
 from mmserve.layers.attention import select_attention_backend
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.request import RequestStatus
@@ -112,7 +111,7 @@ class LLMEngine:
         self.fanout = FanOut()
         self.intake = RequestIntake(
             config,
-            self.processor,
+            self.front,
             store,
             self.scheduler,
             self.outputs,
@@ -176,63 +175,19 @@ class LLMEngine:
     ) -> LLMEngine:
         return cls(create_engine_config(args), None, allowed_local_path, media_policy)
 
-    # ---- admission (``RequestIntake``) ------------------------------------------------
-    def process_inputs(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        cache_salt: str | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-    ) -> ProcessedPrompt:
-        """``RequestIntake.process_inputs`` (thread-safe; the server runs it off-loop)."""
-        return self.intake.process_inputs(
-            prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-        )
-
-    def start_store_lookup(self, processed: ProcessedPrompt) -> None:
-        self.intake.start_store_lookup(processed)
-
-    @property
-    def store_timeout_s(self) -> float:
-        return self.intake.store_timeout_s
-
-    def wait_for_store(self, prompts: Sequence[ProcessedPrompt]) -> None:
-        """``RequestIntake.wait_for_store``: never on the engine thread."""
-        self.intake.wait_for_store(prompts)
-
-    def add_processed(
-        self,
-        processed: ProcessedPrompt,
-        params: SamplingParams,
-        request_id: str | None = None,
-        prompt_text: str | None = None,
-        cache_salt: str | None = None,
-    ) -> str:
-        """``RequestIntake.add_processed``, an unset ``max_tokens`` capped by the generation
-        config's ``max_new_tokens``."""
-        cap = self.generation_defaults.get("max_tokens")
-        return self.intake.add_processed(
-            processed, params, request_id, prompt_text, cache_salt, cap
-        )
-
+    # ---- admission: ``self.intake`` (``RequestIntake``) -----------------------------------
     def default_sampling_params(self) -> SamplingParams:
         return self.front.default_sampling_params()
 
     def add_request(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        request_id: str | None = None,
-        cache_salt: str | None = None,
+        self, prompt: PromptInput, params: SamplingParams, request_id: str | None = None
     ) -> str:
-        processed = self.process_inputs(prompt, images, uuids, cache_salt)
-        self.wait_for_store([processed])
-        text = prompt if isinstance(prompt, str) else None
-        return self.add_processed(processed, params, request_id, text, cache_salt)
+        """Process ``prompt``, wait for its store lookups and queue it (blocking: the offline
+        path, never on an engine thread another caller steps)."""
+        processed = self.intake.process(prompt)
+        self.intake.wait_for_store([processed])
+        text = prompt.prompt if isinstance(prompt.prompt, str) else None
+        return self.intake.add_processed(processed, params, request_id, text, prompt.cache_salt)
 
     def abort_request(self, req_ids: list[str]) -> None:
         """Abort requests by id; the id of an ``n > 1`` request aborts all its children."""

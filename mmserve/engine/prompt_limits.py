@@ -5,21 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
 
 
 def checked_prompt(
-    process: Callable[[], ProcessedPrompt],
-    cache_salt: str | None,
+    process: Callable[[PromptInput], ProcessedPrompt],
+    prompt: PromptInput,
     max_model_len: int,
     encoder_cache_capacity: int,
     encoder_budget: int,
 ) -> ProcessedPrompt:
-    """``process()`` (the processor on one prompt) between the checks, in the one order both
-    admission paths use: the salt before any work, the sizes after; the salt is recorded."""
-    check_cache_salt(cache_salt)
-    processed = process()
-    processed.cache_salt = cache_salt
+    """``process(prompt)`` (the processor on one prompt) between the checks, in the one order
+    both admission paths use: the salt before any work, the sizes after; the salt is
+    recorded."""
+    check_cache_salt(prompt.cache_salt)
+    processed = process(prompt)
+    processed.cache_salt = prompt.cache_salt
     check_prompt_fits(processed, max_model_len, encoder_cache_capacity, encoder_budget)
     return processed
 

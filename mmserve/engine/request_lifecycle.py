@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
 
-from mmserve.engine.admission import Admission
+from mmserve.engine.admission import AdmissionPipeline
 from mmserve.engine.metrics import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.sampling_params import SamplingParams
 
 ParamsLike = SamplingParams | Callable[[int], SamplingParams]
@@ -30,7 +29,7 @@ class RequestLifecycle(ABC):
     leaving early closes the dispatch, which stops the request where it runs.
     """
 
-    admission: Admission
+    admission: AdmissionPipeline
     stats: ServerMetrics
     _num_unfinished: int
 
@@ -50,14 +49,9 @@ class RequestLifecycle(ABC):
 
     async def generate(
         self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
+        prompt: PromptInput,
         params: ParamsLike | None = None,
         request_id: str | None = None,
-        cache_salt: str | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
         *,
         processed: ProcessedPrompt | None = None,
     ) -> AsyncIterator[RequestOutput]:
@@ -69,7 +63,7 @@ class RequestLifecycle(ABC):
         for bad input, ``EngineStepError`` if the engine fails. Leaving the iteration early
         (break, aclose, cancellation) aborts the request in the engine. ``processed``: a prompt
         admitted elsewhere (the Ray ingress, an internal call; never client input): admission
-        is skipped and ``images`` / ``uuids`` / ``cache_salt`` are ignored.
+        is skipped and only ``prompt.prompt`` is read (the output's prompt text).
         """
         self._check_admissible()
         request_id = request_id or f"req-{uuid.uuid4().hex}"
@@ -79,14 +73,12 @@ class RequestLifecycle(ABC):
         try:
             try:
                 if processed is None:
-                    processed = await self.admission.admit(
-                        prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-                    )
+                    processed = await self.admission.admit(prompt)
                 params = params(len(processed.prompt_token_ids)) if callable(params) else params
             except ValueError:
                 reason = "rejected"
                 raise
-            text = prompt if isinstance(prompt, str) else None
+            text = prompt.prompt if isinstance(prompt.prompt, str) else None
             params = params or self._default_params()
             async with aclosing(self._dispatch(request_id, processed, params, text)) as outs:
                 async for out in outs:

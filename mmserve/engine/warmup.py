@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,8 +15,9 @@ from PIL import Image
 
 from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.grammar import GrammarCompiler
+from mmserve.engine.intake import RequestIntake
 from mmserve.engine.outputs import RequestOutput
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import PromptInput
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams
 from mmserve.structured_outputs import StructuredOutputsParams
@@ -50,13 +50,8 @@ class WarmupEngine(Protocol):
     chat_template: ChatTemplate
     processor: InputProcessor
     grammar: GrammarCompiler
+    intake: RequestIntake
     runner: Any  # its encoder's ``num_images_encoded`` is read
-
-    def process_inputs(
-        self, prompt: str | Sequence[int], images: Sequence[Any] = ()
-    ) -> ProcessedPrompt: ...
-
-    def add_processed(self, processed: ProcessedPrompt, params: SamplingParams) -> str: ...
 
     def step(self) -> list[RequestOutput]: ...
 
@@ -79,16 +74,15 @@ def run_warmup_request(engine: WarmupEngine) -> WarmupReport:
     if placeholder is not None and engine.processor.max_images > 0:
         for size in WARMUP_IMAGE_SIZES:
             try:
-                processed = engine.process_inputs(
-                    f"{placeholder}\n{WARMUP_TEXT}", [warmup_image(size)]
-                )
+                prompt = PromptInput(f"{placeholder}\n{WARMUP_TEXT}", [warmup_image(size)])
+                processed = engine.intake.process(prompt)
                 break
             except ValueError as exc:  # larger than this engine's limits: try a smaller one
                 logger.debug("warm-up image %s refused: %s", size, exc)
     if processed is None:
-        processed = engine.process_inputs(WARMUP_TEXT)
+        processed = engine.intake.process(PromptInput(WARMUP_TEXT))
     params = SamplingParams(temperature=0, max_tokens=WARMUP_OUTPUT_TOKENS, ignore_eos=True)
-    req_id = engine.add_processed(processed, params)
+    req_id = engine.intake.add_processed(processed, params)
     finished = None
     while finished is None:
         for out in engine.step():

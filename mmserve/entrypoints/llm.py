@@ -97,22 +97,13 @@ class LLM:
             raise ValueError(
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
-        processed = [  # validate all first
-            self.engine.process_inputs(
-                inp.prompt,
-                inp.images,
-                inp.uuids,
-                inp.cache_salt,
-                inp.mm_processor_kwargs,
-                inp.videos,
-            )
-            for inp in inputs
-        ]
-        self.engine.wait_for_store(processed)  # the lookups all started above
+        intake = self.engine.intake
+        processed = [intake.process(inp) for inp in inputs]  # validate all first
+        intake.wait_for_store(processed)  # the lookups all started above
         order: dict[str, int] = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
             text = inp.prompt if isinstance(inp.prompt, str) else None
-            req_id = self.engine.add_processed(proc, params, None, text, inp.cache_salt)
+            req_id = intake.add_processed(proc, params, None, text, inp.cache_salt)
             order[req_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(inputs)
         bar = tqdm(total=len(inputs), disable=not use_tqdm, desc="generate")

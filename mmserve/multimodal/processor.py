@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from mmserve.config import ModelConfig
-from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.hashing import hash_uuid, multi_image_hash, salted
 from mmserve.multimodal.image.decode import checked_image
 from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
@@ -96,24 +96,20 @@ class InputProcessor:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
         return ids
 
-    def process(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        cache_salt: str | None = None,
-        mm_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-    ) -> ProcessedPrompt:
+    def process(self, prompt: PromptInput) -> ProcessedPrompt:
         """Token ids with expanded placeholders, one item per image and one per video frame
-        group. ``images`` may hold ``PreparedImage``s (from ``prepare_image`` with the same
-        ``mm_kwargs`` and ``preparer.multi_image(len(images))``, e.g. run in another thread)
-        or sources; ``videos`` ``PreparedVideo``s (``prepare_video``) or decoded videos."""
+        group. ``prompt.images`` may hold ``PreparedImage``s (from ``prepare_image`` with the
+        same ``mm_processor_kwargs`` and ``preparer.multi_image(len(images))``, e.g. run in
+        another thread) or sources; ``prompt.videos`` ``PreparedVideo``s (``prepare_video``)
+        or decoded videos. ``prompt.cache_salt`` scopes the item keys (it is not checked
+        here: ``prompt_limits.checked_prompt`` does, around this call)."""
+        images, uuids, videos = prompt.images, prompt.uuids, prompt.videos
+        cache_salt, mm_kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
         merged = self.check_mm_kwargs(mm_kwargs)
         self.videos.check_count(len(videos))  # a ValueError for models without video input
         if self.image_text_expander is not None:
-            return self._process_image_text(prompt, images, uuids, cache_salt, mm_kwargs, merged)
-        ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
+            return self._process_image_text(prompt, merged)
+        ids = np.asarray(self.tokenize(prompt.prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
         places = _places(ids, self.model_config.image_token_id, len(images), "image")
@@ -155,33 +151,29 @@ class InputProcessor:
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
     ) -> AnyPreparedVideo:
-        """Read, decode, sample, hash and preprocess one video (any ``video.source`` input)
+        """Read, decode, sample, hash and preprocess one video (any ``video_source`` input)
         with the prompt's processor settings, or take it from the memo by its content hash
         (per tenant). Thread-safe; blocking (never call it on the event loop)."""
         return self.videos.prepare(video, self.check_mm_kwargs(mm_kwargs), cache_salt)
 
     def _process_image_text(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any],
-        uuids: Sequence[str | None] | None,
-        cache_salt: str | None,
-        mm_kwargs: dict[str, Any] | None,
-        merged: dict[str, Any] | None,
+        self, prompt: PromptInput, merged: dict[str, Any] | None
     ) -> ProcessedPrompt:
         """Families whose processor expands the image marker in the text (``ImageText``): the
         images are checked and prepared here, the prompt built by ``ImageTextExpander``."""
         assert self.image_text_expander is not None
+        images, uuids, cache_salt = prompt.images, prompt.uuids, prompt.cache_salt
         self.check_num_images(len(images))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
-        self.image_text_expander.check_marker_count(prompt, len(images))
+        self.image_text_expander.check_marker_count(prompt.prompt, len(images))
+        mm_kwargs = prompt.mm_processor_kwargs
         prepared = [self._prepared(s, len(images), cache_salt, mm_kwargs) for s in images]
 
         def key_of(i: int, image: PreparedImage) -> str:
             return self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
 
-        return self.image_text_expander.expand(prompt, prepared, key_of)
+        return self.image_text_expander.expand(prompt.prompt, prepared, key_of)
 
     def _prepared(
         self, image: Any, num_images: int, cache_salt: str | None, mm_kwargs: Any

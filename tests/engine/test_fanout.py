@@ -8,6 +8,7 @@ import pytest
 
 from mmserve import LLM, SamplingParams
 from mmserve.engine.fanout import child_id
+from mmserve.inputs import PromptInput
 from tests.conftest import assert_no_leaks
 
 BS = 16
@@ -42,10 +43,12 @@ def test_greedy_n3_gives_three_identical_choices_equal_to_transformers(llm, refe
 def test_children_share_the_prompt_blocks_and_are_admitted_together(llm, images):
     engine = llm.engine
     # a fresh image: nothing of this prompt is cached yet
-    processed = engine.process_inputs(PROMPT, [images[3]])
+    processed = engine.intake.process(PromptInput(PROMPT, [images[3]]))
     num_prompt = len(processed.prompt_token_ids)
     encoded = engine.get_metrics()["encoder_images_encoded"]
-    parent = engine.add_processed(processed, SamplingParams(temperature=0, max_tokens=4, n=3))
+    parent = engine.intake.add_processed(
+        processed, SamplingParams(temperature=0, max_tokens=4, n=3)
+    )
     ids = [child_id(parent, i) for i in range(3)]
     engine.step()  # the prompt fits one step: child 0 prefills it, the others hit its blocks
     children = [engine.scheduler.requests[cid] for cid in ids]
@@ -105,6 +108,6 @@ def test_n_without_prefix_caching_and_mixed_with_n1(images, reference):
 def test_n_is_validated(llm):
     with pytest.raises(ValueError, match="n must be >= 1"):
         SamplingParams(n=0)
-    processed = llm.engine.process_inputs("hi")
+    processed = llm.engine.intake.process(PromptInput("hi"))
     with pytest.raises(ValueError, match="max_num_seqs"):
-        llm.engine.add_processed(processed, SamplingParams(n=1000))
+        llm.engine.intake.add_processed(processed, SamplingParams(n=1000))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.inputs import PromptInput
 from tests.fuzz_harness import PlainOutputs, Workload, inject_faults, params, random_workload
 
 MAX_STEPS = 4000
@@ -54,7 +55,7 @@ def run_workload(work: Workload) -> dict[str, object]:
     for step in range(MAX_STEPS):
         for idx, req in list(pending.items()):
             if req.arrival_step <= step:
-                req_id = engine.add_request(req.prompt, params(req), req.images)
+                req_id = engine.add_request(PromptInput(req.prompt, req.images), params(req))
                 ids[req_id] = idx
                 del pending[idx]
         for req_id, idx in ids.items():

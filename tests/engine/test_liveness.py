@@ -12,6 +12,7 @@ import torch
 from mmserve import LLM, SamplingParams
 from mmserve.engine.async_engine import AsyncLLMEngine, EngineStepError
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.inputs import PromptInput
 from tests.conftest import assert_no_leaks, make_image
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -27,7 +28,9 @@ def qwen_prompt(n: int) -> str:
 def bounded_generate(llm: LLM, prompts: list[dict], params=GREEDY, max_steps: int = 3000):
     """Step the engine directly so a livelock fails the test instead of hanging it."""
     engine = llm.engine
-    ids = [engine.add_request(p["prompt"], params, p.get("images", ())) for p in prompts]
+    ids = [
+        engine.add_request(PromptInput(p["prompt"], p.get("images", [])), params) for p in prompts
+    ]
     done: dict = {}
     for _ in range(max_steps):
         for out in engine.step():
@@ -71,7 +74,10 @@ def test_repeated_image_qwen2_vl():
     x, y = make_image(5, (252, 252)), make_image(6, (504, 364))
     prompt = {"prompt": qwen_prompt(3), "images": [x, y, x]}
     llm = LLM("tiny-qwen2-vl", encoder_cache_size=256)
-    lengths = [item.length for item in llm.engine.process_inputs(qwen_prompt(2), [x, y]).mm_items]
+    lengths = [
+        item.length
+        for item in llm.engine.intake.process(PromptInput(qwen_prompt(2), [x, y])).mm_items
+    ]
     assert lengths == [81, 234]
     (out,) = bounded_generate(llm, [prompt])
     assert out.outputs[0].token_ids == plain_outputs("tiny-qwen2-vl", [prompt])[0]
@@ -106,7 +112,9 @@ def test_async_engine_serves_repeated_image_and_bystander(abc):
 
     async def both():
         async def run(prompt, images):
-            return [o async for o in engine.generate(prompt, images, params=GREEDY)][-1]
+            return [o async for o in engine.generate(PromptInput(prompt, images), params=GREEDY)][
+                -1
+            ]
 
         return await asyncio.gather(
             run(LLAVA_3, [a, b, a]), run("USER: <image>\nWhat? ASSISTANT:", [c])
@@ -125,7 +133,7 @@ def test_a_request_that_cannot_progress_fails_alone(abc, monkeypatch):
     a, b, c = abc
     engine = LLMEngine.from_args("tiny-llava", encoder_cache_size=256)
     engine.progress.limit = 20
-    stuck_id = engine.add_request(LLAVA_3, GREEDY, [a, b, a], request_id="stuck")
+    stuck_id = engine.add_request(PromptInput(LLAVA_3, [a, b, a]), GREEDY, request_id="stuck")
     real_plan = engine.scheduler._plan
 
     def refuse_stuck(request, *args):
@@ -135,7 +143,7 @@ def test_a_request_that_cannot_progress_fails_alone(abc, monkeypatch):
         return plan
 
     monkeypatch.setattr(engine.scheduler, "_plan", refuse_stuck)
-    engine.add_request("USER: <image>\nWhat? ASSISTANT:", GREEDY, [c], request_id="bystander")
+    engine.add_request(PromptInput("USER: <image>\nWhat? ASSISTANT:", [c]), GREEDY, "bystander")
     done = {}
     for _ in range(500):
         done.update({o.request_id: o for o in engine.step() if o.finished})
@@ -163,7 +171,9 @@ def test_async_engine_fails_only_the_stuck_request(abc, monkeypatch):
 
     async def both():
         async def run(prompt, images):
-            return [o async for o in engine.generate(prompt, images, params=GREEDY)][-1]
+            return [o async for o in engine.generate(PromptInput(prompt, images), params=GREEDY)][
+                -1
+            ]
 
         return await asyncio.gather(
             run(LLAVA_3, [a, b, a]),
@@ -240,7 +250,7 @@ def test_a_poisoned_image_fails_only_its_request(reference, abc, monkeypatch):
     llm = LLM("tiny-llava")
     model = llm.engine.model
     real = model.encode_images
-    poison = llm.engine.process_inputs("<image>", [c]).mm_items[0].data
+    poison = llm.engine.intake.process(PromptInput("<image>", [c])).mm_items[0].data
 
     def encode(pixels):
         if any(p is poison for p in pixels):
@@ -341,7 +351,10 @@ def test_a_fatal_error_in_the_server_engine_makes_health_fail(abc, monkeypatch):
 
     async def one():
         return [
-            o async for o in engine.generate("USER: <image>\nWhat? ASSISTANT:", [a], params=GREEDY)
+            o
+            async for o in engine.generate(
+                PromptInput("USER: <image>\nWhat? ASSISTANT:", [a]), params=GREEDY
+            )
         ]
 
     try:
@@ -363,7 +376,7 @@ def test_a_failure_outside_any_request_raises_instead_of_recursing(abc, monkeypa
     """A step with nothing scheduled (only ended requests to forget) that fails cannot be
     blamed on a request: it raises (on the first version it recursed without end)."""
     engine = LLMEngine.from_args("tiny-llava")
-    req_id = engine.add_request("USER: <image>\nWhat? ASSISTANT:", GREEDY, [abc[0]])
+    req_id = engine.add_request(PromptInput("USER: <image>\nWhat? ASSISTANT:", [abc[0]]), GREEDY)
     engine.step()
     engine.abort_request([req_id])
 

@@ -14,6 +14,7 @@ import pytest
 
 from mmserve import SamplingParams
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.inputs import PromptInput
 from mmserve.models.tiny import PRESET_NAMES
 from tests.conftest import make_image
 from tests.openai_server import image_messages, serve_model
@@ -33,8 +34,8 @@ def _answers(engine: LLMEngine, prompt: str) -> list[list[int]]:
         SamplingParams(temperature=0, max_tokens=8),
         SamplingParams(temperature=1.0, max_tokens=8),  # the runner's seed sequence
     ):
-        processed = engine.process_inputs(prompt, [make_image(3)])
-        req_id = engine.add_processed(processed, params)
+        processed = engine.intake.process(PromptInput(prompt, [make_image(3)]))
+        req_id = engine.intake.add_processed(processed, params)
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.request_id == req_id and out.finished:

@@ -14,6 +14,7 @@ from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from mmserve.engine.loading import build_model_config
+from mmserve.inputs import PromptInput
 from mmserve.models.registry import resolve_architecture
 from mmserve.multimodal.image.anyres import AnyresGeometry
 from tests.conftest import assert_no_leaks, make_image
@@ -86,13 +87,19 @@ def test_two_images_take_the_base_crop_and_a_newline_each(llm, imgs):
     config = build_model_config(MODEL)
     geometry = AnyresGeometry.from_config(config.hf_config)
     prompt = "<|im_start|>user <image><image>\nHi?<|im_end|><|im_start|>assistant\n"
-    items = llm.engine.process_inputs(prompt, [imgs[0], imgs[1]]).mm_items
+    items = llm.engine.intake.process(PromptInput(prompt, [imgs[0], imgs[1]])).mm_items
     assert [item.length for item in items] == [geometry.patches**2 + 1] * 2
-    alone = llm.engine.process_inputs(prompt.replace("<image>", "", 1), [imgs[0]]).mm_items
+    alone = llm.engine.intake.process(
+        PromptInput(prompt.replace("<image>", "", 1), [imgs[0]])
+    ).mm_items
     assert alone[0].length == geometry.num_tokens(SIZES[0][1], SIZES[0][0])
     assert alone[0].hash != items[0].hash  # the same pixels, another mode: another key
-    with_uuid = llm.engine.process_inputs(prompt, [imgs[0], imgs[1]], ["a", "b"]).mm_items
-    alone_uuid = llm.engine.process_inputs(prompt.replace("<image>", "", 1), [imgs[0]], ["a"])
+    with_uuid = llm.engine.intake.process(
+        PromptInput(prompt, [imgs[0], imgs[1]], ["a", "b"])
+    ).mm_items
+    alone_uuid = llm.engine.intake.process(
+        PromptInput(prompt.replace("<image>", "", 1), [imgs[0]], ["a"])
+    )
     assert alone_uuid.mm_items[0].hash != with_uuid[0].hash
 
 
@@ -122,7 +129,7 @@ def test_base_only_embeddings_are_transformers(imgs):
     config = build_model_config(MODEL)
     llm = LLM(MODEL)
     prompt = "<|im_start|>user <image><image>\nHi?<|im_end|><|im_start|>assistant\n"
-    items = llm.engine.process_inputs(prompt, [imgs[2], imgs[3]]).mm_items
+    items = llm.engine.intake.process(PromptInput(prompt, [imgs[2], imgs[3]])).mm_items
     model = resolve_architecture(config.hf_config)[1](config.hf_config)
     model.load_weights(config.path)
     ref = reference(MODEL)

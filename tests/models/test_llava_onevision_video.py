@@ -21,7 +21,7 @@ from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOn
 from mmserve import LLM, SamplingParams
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.llm_engine import LLMEngine
-from mmserve.inputs import VideoFrames
+from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.llava_onevision import pool_frames
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.llava_onevision import IDS, load_onevision_processor
@@ -243,7 +243,7 @@ def test_async_engine_admits_onevision_videos(ref):
     text = prompt("What moves?")
 
     async def run() -> list[int]:
-        outs = [o async for o in engine.generate(text, videos=[video], params=GREEDY)]
+        outs = [o async for o in engine.generate(PromptInput(text, videos=[video]), params=GREEDY)]
         return outs[-1].outputs[0].token_ids
 
     try:

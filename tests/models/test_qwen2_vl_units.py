@@ -16,6 +16,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbeddin
 
 from mmserve.engine.loading import build_model_config
 from mmserve.engine_args import EngineArgs
+from mmserve.inputs import PromptInput
 from mmserve.layers.mrope import MRotaryEmbedding, mrope_positions
 from mmserve.models.qwen2_vl import ImageLimits, max_image_tokens
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, build_preset, count_parameters
@@ -155,7 +156,9 @@ def test_input_processor_expands_pad_per_image(ckpt):
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>a"
         "<|vision_start|><|image_pad|><|vision_end|>b<|im_end|>\n"
     )
-    out = engine.process_inputs(prompt, [make_image(0, (224, 224)), make_image(1, (480, 320))])
+    out = engine.intake.process(
+        PromptInput(prompt, [make_image(0, (224, 224)), make_image(1, (480, 320))])
+    )
     first, second = out.mm_items
     assert (first.length, second.length) == (64, 187)
     assert first.data["image_grid_thw"] == (1, 16, 16)
@@ -165,7 +168,7 @@ def test_input_processor_expands_pad_per_image(ckpt):
     assert out.prompt_token_ids[first.end] == QWEN_SPECIAL_TOKEN_IDS["<|vision_end|>"]
     assert out.prompt_token_ids.count(PAD) == 64 + 187
     with pytest.raises(ValueError, match="placeholder"):
-        engine.process_inputs(prompt, [make_image(0)])
+        engine.intake.process(PromptInput(prompt, [make_image(0)]))
 
 
 # ---- presets ------------------------------------------------------------------------------

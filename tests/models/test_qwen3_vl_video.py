@@ -23,7 +23,7 @@ from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoP
 from transformers.video_utils import VideoMetadata
 
 from mmserve import LLM
-from mmserve.inputs import VideoFrames
+from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.video.prep import video_frames
 from mmserve.multimodal.video.qwen2_vl import preprocess_video
@@ -168,7 +168,7 @@ def test_timestamps_and_group_ranges(ref):
     """Each group is its own item, placed on its run of video tokens after its timestamp."""
     llm = LLM(MODEL, seed=0)
     video = VideoFrames(make_frames(3, 5), 1.0, tuple(float(i) for i in range(5)))  # 3 groups
-    processed = llm.engine.processor.process(prompt("?"), videos=[video])
+    processed = llm.engine.processor.process(PromptInput(prompt("?"), videos=[video]))
     text = ref.tokenizer.decode(processed.prompt_token_ids)
     assert "<0.5 seconds>" in text and "<2.5 seconds>" in text and "<4.0 seconds>" in text
     ids = np.asarray(processed.prompt_token_ids)

@@ -15,7 +15,7 @@ from PIL import Image
 from transformers import AutoConfig, AutoTokenizer, Qwen2VLImageProcessorPil
 
 from mmserve import LLM, SamplingParams
-from mmserve.inputs import VideoFrames
+from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.video.prep import video_frames
 from mmserve.multimodal.video.qwen2_vl import load_video_settings, preprocess_video
@@ -205,8 +205,9 @@ def test_bad_video_requests_fail_alone(model):
 
 
 def test_async_engine_admits_decoded_videos(model, ref):
-    """The server's path: ``AsyncLLMEngine.generate(videos=...)`` preprocesses in the media
-    threads and gives transformers' tokens; a bad video is a ValueError, the engine serves on."""
+    """The server's path: ``AsyncLLMEngine.generate`` of a ``PromptInput`` with videos
+    preprocesses in the media threads and gives transformers' tokens; a bad video is a
+    ValueError, the engine serves on."""
     import asyncio
 
     from mmserve.engine.async_engine import AsyncLLMEngine
@@ -217,7 +218,7 @@ def test_async_engine_admits_decoded_videos(model, ref):
     text = prompt("What moves?")
 
     async def run(videos: list[Any]) -> list[int]:
-        outs = [o async for o in engine.generate(text, videos=videos, params=GREEDY)]
+        outs = [o async for o in engine.generate(PromptInput(text, videos=videos), params=GREEDY)]
         return outs[-1].outputs[0].token_ids
 
     try:

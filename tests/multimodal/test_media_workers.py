@@ -1,6 +1,6 @@
 """MediaWorkers: images prepared in worker processes equal the in-process preparation, are
-memoized in the server process per tenant (``Admission``), and a dead worker fails one image,
-not the next."""
+memoized in the server process per tenant (``AdmissionPipeline``), and a dead worker fails one
+image, not the next."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import signal
 import numpy as np
 import pytest
 
-from mmserve.engine.admission import Admission, AdmissionExecutors
+from mmserve.engine.admission import AdmissionExecutors, AdmissionPipeline
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
@@ -31,7 +31,7 @@ def test_worker_output_equals_in_process_and_is_memoized(model: str) -> None:
     engine = LLMEngine.from_args(model)
     workers = MediaWorkers(engine.processor, 1)
     fetcher = MediaFetcher(engine.processor.media_policy)
-    admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, workers)
+    admission = AdmissionPipeline(lambda: engine.intake, AdmissionExecutors(1, 1), fetcher, workers)
     raw = jpeg_bytes(1)
     url = "data:image/jpeg;base64," + base64.b64encode(jpeg_bytes(2)).decode()
 

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from mmserve import LLM, SamplingParams
+from mmserve.inputs import PromptInput
 from tests.conftest import assert_no_leaks, make_image
 from tests.models.test_qwen2_vl import PAD, QwenReference, chat_prompt
 
@@ -102,8 +103,11 @@ def test_video_sampling_kwargs_leave_the_image_keys_alone(llm):
     assert llm.get_metrics()["encoder_images_encoded"] == encoded + 2  # content key, uuid key
     with_fps = LLM(MODEL, processor_kwargs={"fps": 1.0})
     for uuids in (None, ["photo"]):
-        key = llm.engine.process_inputs(prompt, [image], uuids).mm_items[0].hash
-        assert with_fps.engine.process_inputs(prompt, [image], uuids).mm_items[0].hash == key
+        key = llm.engine.intake.process(PromptInput(prompt, [image], uuids)).mm_items[0].hash
+        assert (
+            with_fps.engine.intake.process(PromptInput(prompt, [image], uuids)).mm_items[0].hash
+            == key
+        )
     assert_no_leaks(llm)
 
 

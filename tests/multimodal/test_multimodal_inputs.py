@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from mmserve import LLM
+from mmserve.inputs import PromptInput
 from mmserve.multimodal.hashing import hash_image, hash_uuid
 from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
 
@@ -45,7 +46,7 @@ def test_hash_covers_pixels_mode_size_model_and_kwargs(images):
 
 
 def test_items_carry_hash_offset_length_and_same_pixels_share_a_hash(engine, images):
-    processed = engine.process_inputs(PROMPT, [images[0], png(images[0])])
+    processed = engine.intake.process(PromptInput(PROMPT, [images[0], png(images[0])]))
     first, second = processed.mm_items
     assert first.hash == second.hash  # PIL and PNG bytes of the same pixels
     assert (first.length, second.length) == (256, 256)
@@ -58,23 +59,27 @@ def test_items_carry_hash_offset_length_and_same_pixels_share_a_hash(engine, ima
 
 def test_uuid_replaces_the_content_hash(engine, images):
     other_pixels = images[0].transpose(0)  # same size, other pixels
-    a = engine.process_inputs(PROMPT, [images[0], other_pixels], uuids=["same", "same"])
+    a = engine.intake.process(
+        PromptInput(PROMPT, [images[0], other_pixels], uuids=["same", "same"])
+    )
     assert a.mm_items[0].hash == a.mm_items[1].hash
-    sizes = engine.process_inputs(PROMPT, [images[0], images[1]], uuids=["same", "same"])
+    sizes = engine.intake.process(
+        PromptInput(PROMPT, [images[0], images[1]], uuids=["same", "same"])
+    )
     assert sizes.mm_items[0].hash != sizes.mm_items[1].hash  # a uuid is checked against size
-    salted = engine.process_inputs(
-        PROMPT, [images[0], images[0]], uuids=["same", "same"], cache_salt="tenant"
+    salted = engine.intake.process(
+        PromptInput(PROMPT, [images[0], images[0]], uuids=["same", "same"], cache_salt="tenant")
     )
     assert salted.mm_items[0].hash == salted.mm_items[1].hash != a.mm_items[0].hash
-    b = engine.process_inputs(PROMPT, [images[0], images[1]], uuids=[None, "x"])
+    b = engine.intake.process(PromptInput(PROMPT, [images[0], images[1]], uuids=[None, "x"]))
     assert b.mm_items[0].hash == hash_image(images[0], "tiny-llava", {})
 
 
 def test_same_bytes_are_decoded_and_preprocessed_once(engine, images):
     data = png(images[2])
     hits = engine.processor.memo.hits
-    first = engine.process_inputs(PROMPT, [data, data])
-    again = engine.process_inputs(PROMPT, [data, data])
+    first = engine.intake.process(PromptInput(PROMPT, [data, data]))
+    again = engine.intake.process(PromptInput(PROMPT, [data, data]))
     assert engine.processor.memo.hits == hits + 3
     assert first.mm_items[0].data is again.mm_items[0].data
     assert first.mm_items[0].hash == again.mm_items[1].hash

@@ -14,9 +14,9 @@ import blake3
 import numpy as np
 import pytest
 
-from mmserve.engine.admission import Admission, AdmissionExecutors
+from mmserve.engine.admission import AdmissionExecutors, AdmissionPipeline
 from mmserve.engine.llm_engine import LLMEngine
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.video import source as video_source
@@ -92,10 +92,10 @@ def admit(
     engine: LLMEngine, videos: list[Any], salt: str, workers: MediaWorkers | None = None
 ) -> ProcessedPrompt:
     fetcher = MediaFetcher(engine.processor.media_policy)
-    admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, workers)
+    admission = AdmissionPipeline(lambda: engine.intake, AdmissionExecutors(1, 1), fetcher, workers)
     try:
-        prompt = PROMPT * len(videos)
-        return asyncio.run(admission.admit(prompt, [], None, salt, None, videos))
+        prompt = PromptInput(PROMPT * len(videos), cache_salt=salt, videos=videos)
+        return asyncio.run(admission.admit(prompt))
     finally:
         admission.executors.shutdown()  # the workers are the caller's
 
@@ -130,10 +130,10 @@ def test_the_offline_path_hashes_once_and_decodes_a_repeat_zero_times(
     engine: LLMEngine, counts: Counts
 ) -> None:
     processor = engine.processor
-    first = processor.process(PROMPT, videos=[VIDEO], cache_salt="offline")
+    first = processor.process(PromptInput(PROMPT, videos=[VIDEO], cache_salt="offline"))
     assert (counts.hashes, counts.decodes) == (1, 1)
     counts.reset()
-    again = processor.process(PROMPT, videos=[VIDEO], cache_salt="offline")
+    again = processor.process(PromptInput(PROMPT, videos=[VIDEO], cache_salt="offline"))
     assert (counts.hashes, counts.decodes) == (1, 0)
     assert [i.key for i in again.mm_items] == [i.key for i in first.mm_items]
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from mmserve.cli import build_parser
-from mmserve.engine.admission import Admission, AdmissionExecutors
+from mmserve.engine.admission import AdmissionExecutors, AdmissionPipeline
 from mmserve.engine.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.cli_args import media_policy
-from mmserve.inputs import ProcessedPrompt, VideoFrames
+from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
 from mmserve.multimodal.media.errors import MediaFetchError
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.limits import ImageTooLargeError, VideoTooLargeError
@@ -116,14 +116,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLMEngine]:
 
 
 class Handed:
-    """Stands in for ``process_inputs`` (video-core's processing): records what admission
-    hands over."""
+    """Stands in for ``RequestIntake.process`` (video-core's processing): records what
+    admission hands over."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
+        self.calls: list[PromptInput] = []
 
-    def __call__(self, *args: Any) -> ProcessedPrompt:
-        self.calls.append(args)
+    def __call__(self, prompt: PromptInput) -> ProcessedPrompt:
+        self.calls.append(prompt)
         return ProcessedPrompt([1, 2, 3], [])
 
 
@@ -169,18 +169,17 @@ def admit(
     handed: Handed | None = None,
     fresh_memo: bool = True,
 ) -> list[VideoFrames]:
-    """Admit one prompt with ``videos`` (``process_inputs`` stubbed); the videos decoded
+    """Admit one prompt with ``videos`` (``intake.process`` stubbed); the videos decoded
     (None for a memo hit)."""
     fetcher = fetcher or MediaFetcher(engine.processor.media_policy)
-    admission = Admission(engine, AdmissionExecutors(1, 1), fetcher, workers)
+    admission = AdmissionPipeline(lambda: engine.intake, AdmissionExecutors(1, 1), fetcher, workers)
     decoded, restore = spy_decodes(engine, fresh_memo)
-    handed = handed or Handed()
-    original = engine.process_inputs
-    engine.process_inputs = handed  # type: ignore[method-assign]
+    engine.intake.process = handed or Handed()  # type: ignore[method-assign]
     try:
-        asyncio.run(admission.admit(PROMPT, [], None, salt, mm_kwargs, videos))
+        prompt = PromptInput(PROMPT, cache_salt=salt, mm_processor_kwargs=mm_kwargs, videos=videos)
+        asyncio.run(admission.admit(prompt))
     finally:
-        engine.process_inputs = original  # type: ignore[method-assign]
+        del engine.intake.process
         admission.shutdown()
         restore()
     return decoded
@@ -190,9 +189,10 @@ def test_admission_decodes_and_hands_the_videos_to_the_engine(engine: LLMEngine)
     root = engine.processor.media_policy.allowed_local_path
     handed = Handed()
     (data_url, path) = admit(engine, [VIDEO_URL, f"{root}/clip.mp4"], handed=handed)
-    ((prompt, images, uuids, salt, kwargs, videos),) = handed.calls
-    assert (prompt, list(images), uuids, salt, kwargs) == (PROMPT, [], None, None, None)
-    assert len(videos) == 2  # the decoded videos (video-core preprocesses them first)
+    (prompt,) = handed.calls
+    assert (prompt.prompt, list(prompt.images), prompt.uuids) == (PROMPT, [], None)
+    assert (prompt.cache_salt, prompt.mm_processor_kwargs) == (None, None)
+    assert len(prompt.videos) == 2  # the decoded videos (video-core preprocesses them first)
     for video in (data_url, path):
         assert isinstance(video, VideoFrames) and video.frames.shape == (6, 48, 64, 3)
         assert indices(video) == [0, 15, 30, 45, 60, 75]

@@ -23,6 +23,7 @@ from mmserve.engine.llm_engine import LLMEngine
 from mmserve.engine.metrics import ServerMetrics
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.openai.http.streaming import DeltaTracker
+from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams
 
 PROMPT = "USER: <image>\nWhat is this? ASSISTANT:"
@@ -75,9 +76,9 @@ def test_step_error_fails_requests_and_loop_survives(
 
     monkeypatch.setattr(llm_engine, "step", flaky_step)
     with pytest.raises(EngineStepError, match="boom"):
-        asyncio.run(collect(engine.generate(PROMPT, [image()], params=SHORT)))
+        asyncio.run(collect(engine.generate(PromptInput(PROMPT, [image()]), params=SHORT)))
     wait_released(engine)
-    outs = asyncio.run(collect(engine.generate(PROMPT, [image()], params=SHORT)))
+    outs = asyncio.run(collect(engine.generate(PromptInput(PROMPT, [image()]), params=SHORT)))
     assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4
     engine.check_health()
 
@@ -93,7 +94,9 @@ def test_scheduler_stall_fails_requests_instead_of_hanging(
     engine = AsyncLLMEngine(llm_engine)
     try:
         with pytest.raises(EngineStepError, match="no progress"):
-            asyncio.run(asyncio.wait_for(collect(engine.generate("x", params=SHORT)), 10))
+            asyncio.run(
+                asyncio.wait_for(collect(engine.generate(PromptInput("x"), params=SHORT)), 10)
+            )
         assert not llm_engine.has_unfinished_requests()
     finally:
         engine.shutdown()
@@ -101,7 +104,9 @@ def test_scheduler_stall_fails_requests_instead_of_hanging(
 
 def test_bad_input_is_a_value_error_and_not_queued(engine: AsyncLLMEngine) -> None:
     with pytest.raises(ValueError, match="placeholder"):
-        asyncio.run(collect(engine.generate("no placeholder here", [image()], params=SHORT)))
+        asyncio.run(
+            collect(engine.generate(PromptInput("no placeholder here", [image()]), params=SHORT))
+        )
     assert engine.num_queued_requests == 0
 
 
@@ -118,17 +123,17 @@ def test_overload_rejects_beyond_max_queued(
     engine = AsyncLLMEngine(llm_engine, max_queued_requests=1)
 
     async def main() -> None:
-        first = asyncio.ensure_future(collect(engine.generate("hello", params=SHORT)))
+        first = asyncio.ensure_future(collect(engine.generate(PromptInput("hello"), params=SHORT)))
         for _ in range(500):
             if engine.num_queued_requests == 1:
                 break
             await asyncio.sleep(0.01)
         with pytest.raises(EngineOverloadedError):
-            await anext(engine.generate("second", params=SHORT))
+            await anext(engine.generate(PromptInput("second"), params=SHORT))
         gate.set()
         outs = await asyncio.wait_for(first, 10)
         assert outs[-1].finished
-        assert (await collect(engine.generate("third", params=SHORT)))[-1].finished
+        assert (await collect(engine.generate(PromptInput("third"), params=SHORT)))[-1].finished
 
     try:
         asyncio.run(main())
@@ -139,12 +144,14 @@ def test_overload_rejects_beyond_max_queued(
 
 def test_cancel_and_aclose_abort_and_free(engine: AsyncLLMEngine) -> None:
     async def main() -> None:
-        gen = engine.generate(PROMPT, [image(1)], params=LONG)
+        gen = engine.generate(PromptInput(PROMPT, [image(1)]), params=LONG)
         first = await anext(gen)
         assert not first.finished and engine.get_metrics()["kv_blocks_used"] > 0
         await gen.aclose()  # consumer stops early (client disconnect)
 
-        task = asyncio.ensure_future(collect(engine.generate(PROMPT, [image(2)], params=LONG)))
+        task = asyncio.ensure_future(
+            collect(engine.generate(PromptInput(PROMPT, [image(2)]), params=LONG))
+        )
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -160,14 +167,14 @@ def test_shutdown_fails_inflight_and_rejects_new(llm_engine: LLMEngine) -> None:
     engine = AsyncLLMEngine(llm_engine)
 
     async def main() -> None:
-        gen = engine.generate(PROMPT, [image(3)], params=LONG)
+        gen = engine.generate(PromptInput(PROMPT, [image(3)]), params=LONG)
         await anext(gen)
         await asyncio.to_thread(engine.shutdown)
         with pytest.raises(EngineShutdownError):
             async for _ in gen:
                 pass
         with pytest.raises(EngineShutdownError):
-            await anext(engine.generate("late", params=SHORT))
+            await anext(engine.generate(PromptInput("late"), params=SHORT))
 
     asyncio.run(main())
     with pytest.raises(EngineShutdownError):
@@ -179,7 +186,7 @@ def test_shutdown_fails_inflight_and_rejects_new(llm_engine: LLMEngine) -> None:
 def test_idle_loop_sleeps(
     engine: AsyncLLMEngine, llm_engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asyncio.run(collect(engine.generate("warm up", params=SHORT)))
+    asyncio.run(collect(engine.generate(PromptInput("warm up"), params=SHORT)))
     polls: list[int] = []
     real = llm_engine.has_unfinished_requests
 
@@ -190,7 +197,9 @@ def test_idle_loop_sleeps(
     monkeypatch.setattr(llm_engine, "has_unfinished_requests", counting)
     time.sleep(0.3)
     assert len(polls) <= 2  # asleep on the condition, not spinning
-    outs = asyncio.run(collect(engine.generate("wake up", params=SHORT)))  # and it wakes up
+    outs = asyncio.run(
+        collect(engine.generate(PromptInput("wake up"), params=SHORT))
+    )  # and it wakes up
     assert outs[-1].finished and polls
 
 
@@ -230,7 +239,7 @@ def test_a_tenants_salt_scopes_text_prefix_blocks_on_the_server_path(engine) -> 
     text = "USER: " + "tell me a long story about a red fox " * 6 + "ASSISTANT:"
 
     async def cached(salt: str | None) -> int:
-        outs = await collect(engine.generate(text, (), None, SHORT, None, salt))
+        outs = await collect(engine.generate(PromptInput(text, cache_salt=salt), SHORT))
         return outs[-1].num_cached_tokens
 
     async def run() -> tuple[int, int, int]:

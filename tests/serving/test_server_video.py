@@ -17,7 +17,7 @@ from mmserve.engine.chat_template import ChatTemplate
 from mmserve.engine.loading import load_tokenizer
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages
 from mmserve.entrypoints.openai.server import RunningServer
-from mmserve.inputs import VideoFrames
+from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.tiny import resolve_model_path
 from tests.bait_server import BaitServer
 from tests.openai_server import openai_client, serve_model
@@ -105,13 +105,13 @@ def test_decoded_frames_reach_the_engine(
     monkeypatch.setattr(admission, "decode_video", decode)
     prompts: list[str] = []
     engine = server.engine.engine
-    real = engine.process_inputs
+    real = engine.intake.process
 
-    def process(*args: Any) -> Any:
-        prompts.append(args[0])
-        return real(*args)
+    def process(prompt: PromptInput) -> Any:
+        prompts.append(prompt.prompt)
+        return real(prompt)
 
-    monkeypatch.setattr(engine, "process_inputs", process)
+    monkeypatch.setattr(engine.intake, "process", process)
     reply = post(server, video_messages(VIDEO_URL), mm_processor_kwargs={"num_frames": 4})
     assert reply.status_code == 200, reply.text
     (video,) = decoded

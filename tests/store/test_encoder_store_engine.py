@@ -11,6 +11,7 @@ import pytest
 from mmserve import LLM, SamplingParams
 from mmserve.engine.async_engine import AsyncLLMEngine
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.inputs import PromptInput
 from mmserve.models.tiny import resolve_model_path
 from tests.conftest import assert_no_leaks
 
@@ -144,7 +145,7 @@ def test_server_admission_awaits_lookups_and_a_restart_loads(tmp_path, images, p
         try:
             answers = []
             for image in images[:2]:
-                async for out in server.generate(PROMPT, [image], params=GREEDY):
+                async for out in server.generate(PromptInput(PROMPT, [image]), params=GREEDY):
                     final = out
                 answers.append(final.outputs[0].token_ids)
         finally:

@@ -10,6 +10,7 @@ import weakref
 
 from mmserve import LLM, SamplingParams
 from mmserve.engine.llm_engine import LLMEngine
+from mmserve.inputs import PromptInput
 from tests.conftest import assert_no_leaks
 
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
@@ -36,9 +37,9 @@ def test_a_running_request_holds_no_store_tensor_after_its_load_step(tmp_path, i
     engine = LLMEngine.from_args(
         "tiny-llava", encoder_store_dir=store, encoder_store_ram=0, enable_encoder_cache=False
     )
-    processed = engine.process_inputs(PROMPT, [images[0]])
-    engine.wait_for_store([processed])
-    req_id = engine.add_processed(processed, LONG)  # the caller still holds ``processed``
+    processed = engine.intake.process(PromptInput(PROMPT, [images[0]]))
+    engine.intake.wait_for_store([processed])
+    req_id = engine.intake.add_processed(processed, LONG)  # the caller still holds ``processed``
     request = engine.scheduler.requests[req_id]
     tensor = weakref.ref(request.mm_items[0].stored)
     assert tensor() is not None
@@ -139,9 +140,9 @@ def test_a_stored_embedding_that_does_not_fit_is_encoded_and_reported_encoded(tm
     answer is the store-off engine's and ``usage.mm_inputs`` says "encoded", not "store"."""
     store = fill_store(tmp_path, images[:1])
     engine = LLMEngine.from_args("tiny-llava", encoder_store_dir=store)
-    processed = engine.process_inputs(PROMPT, [images[0]])
-    engine.wait_for_store([processed])
-    request = engine.scheduler.requests[engine.add_processed(processed, LONG)]
+    processed = engine.intake.process(PromptInput(PROMPT, [images[0]]))
+    engine.intake.wait_for_store([processed])
+    request = engine.scheduler.requests[engine.intake.add_processed(processed, LONG)]
     item = request.mm_items[0]
     assert item.stored is not None
     request.mm_items[0] = dataclasses.replace(item, stored=item.stored[:-1])  # a row short

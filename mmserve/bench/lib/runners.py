@@ -73,9 +73,9 @@ class MmserveRunner:
         before = self.engine.get_metrics()
         start = time.monotonic()
         inp = chat_to_prompt(self.engine.tokenizer, messages)
-        processed = self.engine.process_inputs(inp.prompt, inp.images, None)
+        processed = self.engine.intake.process(inp)
         params = SamplingParams(temperature=0, max_tokens=answer_tokens, ignore_eos=True)
-        req_id = self.engine.add_processed(processed, params)
+        req_id = self.engine.intake.add_processed(processed, params)
         final = None
         while final is None:
             for out in self.engine.step():

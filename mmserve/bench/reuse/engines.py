@@ -22,6 +22,7 @@ from mmserve.bench.lib.vllm_baseline import ImageDir, engine_args, run_worker
 from mmserve.bench.lib.workloads import RUN_STRIDE, WARMUP_RUN, Spec, warmup_specs
 from mmserve.bench.reuse.workload import Workload
 from mmserve.engine_args import EngineArgs
+from mmserve.inputs import PromptInput
 
 MODES: dict[str, dict[str, Any]] = {
     "mmserve": {},
@@ -77,7 +78,7 @@ def preprocess_seconds(llm: LLM, work: Workload, samples: int = 3) -> float:
         image = synthetic_image(WARMUP_RUN * RUN_STRIDE + 1000 + i, work.resolution)
         for times in (fresh, seen):
             start = time.perf_counter()
-            llm.engine.process_inputs(prompt, [image])
+            llm.engine.intake.process(PromptInput(prompt, [image]))
             times.append(time.perf_counter() - start)
     return max(statistics.median(fresh) - statistics.median(seen), 0.0)
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mmserve.engine.grammar import GrammarCompiler
 from mmserve.engine.loading import create_engine_config
 from mmserve.engine.model_front import ModelFront
 from mmserve.engine.prompt_limits import checked_prompt
 from mmserve.engine_args import EngineArgs
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 
@@ -27,9 +25,10 @@ class ReplicaFacts:
 
 class FrontendEngine:
     """Tokenizer, chat template, generation defaults, image processor and grammar compiler of
-    the served model (what ``OpenAIServing`` and ``Admission`` read from an ``LLMEngine``), so
-    the ingress admits requests exactly as a single server does: same templates, same item
-    keys, same checks. It runs nothing: ``get_metrics`` is empty and there is no step loop."""
+    the served model (what ``OpenAIServing`` reads from an ``LLMEngine``), and the ingress'
+    ``Admission`` (as the engine's ``RequestIntake`` is), so the ingress admits requests
+    exactly as a single server does: same templates, same item keys, same checks. It runs
+    nothing: ``get_metrics`` is empty and there is no step loop."""
 
     def __init__(
         self, settings: EngineArgs, facts: ReplicaFacts, media_policy: MediaFetchPolicy
@@ -46,21 +45,12 @@ class FrontendEngine:
         self.encoder_cache_capacity = facts.encoder_cache_capacity
         self.encoder_budget = facts.encoder_budget
 
-    def process_inputs(
-        self,
-        prompt: str | Sequence[int],
-        images: Sequence[Any] = (),
-        uuids: Sequence[str | None] | None = None,
-        cache_salt: str | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-        videos: Sequence[Any] = (),
-    ) -> ProcessedPrompt:
-        """``LLMEngine.process_inputs``: the same processor and the same refusals."""
+    def process(self, prompt: PromptInput) -> ProcessedPrompt:
+        """``RequestIntake.process`` without the store lookups (the replica starts those):
+        the same processor and the same refusals."""
         return checked_prompt(
-            lambda: self.processor.process(
-                prompt, images, uuids, cache_salt, mm_processor_kwargs, videos
-            ),
-            cache_salt,
+            self.processor.process,
+            prompt,
             self.max_model_len,
             self.encoder_cache_capacity,
             self.encoder_budget,

@@ -16,7 +16,7 @@ from mmserve.engine.outputs import RequestOutput
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.ray.frontend import ReplicaFacts
 from mmserve.entrypoints.ray.rendezvous import RouteKey
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 
@@ -80,14 +80,12 @@ class EngineReplica:
         route: RouteKey | None = None,
     ) -> AsyncIterator[RequestOutput]:
         self.requests += 1
-        # what LLMEngine.process_inputs + Admission.admit do for a local prompt (the ingress
-        # has no store): ask the replicas' shared store, up to its deadline
-        self.llm.start_store_lookup(processed)
+        # what RequestIntake.process + AdmissionPipeline.admit do for a local prompt (the
+        # ingress has no store): ask the replicas' shared store, up to its deadline
+        self.llm.intake.start_store_lookup(processed)
         await self.engine.admission.wait_for_store(processed)
-        prompt = prompt_text if prompt_text is not None else processed.prompt_token_ids
-        async for out in self.engine.generate(
-            prompt, (), None, params, request_id, processed=processed
-        ):
+        prompt = PromptInput(prompt_text if prompt_text is not None else processed.prompt_token_ids)
+        async for out in self.engine.generate(prompt, params, request_id, processed=processed):
             yield out
 
     def stats(self, route: RouteKey | None = None) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class RoutedEngine(AsyncLLMEngine):
             executors=executors,
             fetcher=fetcher,
             media_workers=media_workers,
+            admission=lambda: frontend,
         )
         self.replicas = replicas
         self._started = False

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -102,16 +103,10 @@ class OpenAIServing:
         )
         await self._compile(constraint)
         rid = uuid.uuid4().hex
-        gen = self.engine.generate(
-            inp.prompt,
-            inp.images,
-            inp.uuids,
-            factory,
-            rid,
-            req.cache_salt,
-            req.mm_processor_kwargs,
-            inp.videos,
+        prompt = dataclasses.replace(
+            inp, cache_salt=req.cache_salt, mm_processor_kwargs=req.mm_processor_kwargs
         )
+        gen = self.engine.generate(prompt, factory, rid)
         return await self._respond(raw, req, gen, "chat", f"chatcmpl-{rid}", tools)
 
     async def completion(self, raw: Request, req: CompletionRequest) -> Any:
@@ -134,7 +129,7 @@ class OpenAIServing:
             )
         await self._compile(constraint)
         rid = uuid.uuid4().hex
-        gen = self.engine.generate(prompt, (), None, factory, rid, req.cache_salt)
+        gen = self.engine.generate(PromptInput(prompt, cache_salt=req.cache_salt), factory, rid)
         return await self._respond(raw, req, gen, "completion", f"cmpl-{rid}")
 
     # ---- validation ----------------------------------------------------------------------

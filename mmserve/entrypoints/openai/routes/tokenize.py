@@ -12,6 +12,7 @@ placeholders: ``count`` is what the prompt costs in the context. ``/detokenize``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -114,9 +115,8 @@ class TokenizeHandler:
             # the engine's own admission: image placeholders expanded as a generation's are
             mm_kwargs = req.mm_processor_kwargs
             self.serving.check_mm_kwargs(mm_kwargs)
-            processed = await engine.admission.admit(
-                prompt, inp.images, inp.uuids, None, mm_kwargs, inp.videos
-            )
+            chat = dataclasses.replace(inp, prompt=prompt, mm_processor_kwargs=mm_kwargs)
+            processed = await engine.admission.admit(chat)
             tokens = list(processed.prompt_token_ids)
         else:
             special = req.add_special_tokens is not False
