@@ -31,7 +31,7 @@ import torch
 import transformers
 
 from mmserve.bench.lib.images import synthetic_image
-from mmserve.engine.loading import build_model_config, load_image_processor
+from mmserve.engine.setup.loading import build_model_config, load_image_processor
 from mmserve.multimodal.image.prep import IMAGE_INPUTS, ImagePreparer
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 

@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from mmserve.bench.lib.priority import add_priority_arg, apply_priority
-from mmserve.engine.loading import build_model_config, load_image_processor, load_model
+from mmserve.engine.setup.loading import build_model_config, load_image_processor, load_model
 from mmserve.multimodal.image.prep import IMAGE_INPUTS
 
 

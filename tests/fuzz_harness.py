@@ -13,8 +13,8 @@ from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from mmserve.core.kv_cache_manager import cdiv
-from mmserve.engine.llm_engine import LLMEngine
-from mmserve.engine.loading import build_model_config
+from mmserve.engine.loop.llm_engine import LLMEngine
+from mmserve.engine.setup.loading import build_model_config
 from mmserve.inputs import PromptInput
 from tests.conftest import make_image
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mmserve.engine.loading import build_model_config, load_image_processor
+from mmserve.engine.setup.loading import build_model_config, load_image_processor
 from mmserve.multimodal.image.prep import IMAGE_INPUTS
 from tests.conftest import make_image
 

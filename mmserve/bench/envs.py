@@ -7,7 +7,7 @@ process; round r runs every variant once, in an order rotated per round. The tab
 variant and engine, the median and min-max of requests/s over rounds and the ratio to the first
 variant. Presets (``--list``) cover the allocators (the preload is skipped, with the reason, when
 the library is not installed: ``apt-get install libtcmalloc-minimal4 libjemalloc2``), glibc
-with / without mmserve's malloc tuning (``mmserve/engine/malloc_tuning.py``), OpenMP binding and
+with / without mmserve's malloc tuning (``engine/setup/malloc_tuning.py``), OpenMP binding and
 wait policy; ``--variant 'name:KEY=VALUE ... [--workload-flag value]'`` adds your own.
 """
 

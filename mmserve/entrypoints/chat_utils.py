@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmserve.engine.chat_template import ChatTemplate
+from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.inputs import PromptInput
 
 # apply_chat_template's own parameters: a chat_template_kwargs entry may not replace them

@@ -7,9 +7,9 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
-from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.engine.outputs import RequestOutput
+from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.inputs import PromptInput
 from mmserve.sampling_params import SamplingParams

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from mmserve.engine.device import resolve_device
-from mmserve.engine.loading import create_engine_config
-from mmserve.engine.memory_plan import DeviceMemoryUsage, MemoryPlan
-from mmserve.engine.memory_profile import num_kv_blocks
+from mmserve.engine.setup.device import resolve_device
+from mmserve.engine.setup.loading import create_engine_config
+from mmserve.engine.setup.memory_plan import DeviceMemoryUsage, MemoryPlan
+from mmserve.engine.setup.memory_profile import num_kv_blocks
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.llm import LLM
 from mmserve.sampling_params import SamplingParams

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.fanout import child_id
+from mmserve.engine.output.fanout import child_id
 from mmserve.inputs import PromptInput
 from tests.conftest import assert_no_leaks
 

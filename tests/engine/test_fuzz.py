@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from tests.fuzz_harness import PlainOutputs, Workload, inject_faults, params, random_workload
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from mmserve.engine import malloc_tuning
+from mmserve.engine.setup import malloc_tuning
 
 
 def test_tune_malloc_once_and_opt_out(monkeypatch):

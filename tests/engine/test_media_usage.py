@@ -8,7 +8,7 @@ import pytest
 
 from mmserve import LLM, SamplingParams
 from mmserve.core.outputs import ModelRunnerOutput
-from mmserve.engine.media_usage import summarize_media
+from mmserve.engine.output.media_usage import summarize_media
 from mmserve.inputs import MultiModalItem, VideoGroup
 from mmserve.request import EmbeddingSource
 from tests.core_helpers import make_request, make_scheduler, run_to_completion

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.detokenizer import Detokenizer
+from mmserve.engine.output.detokenizer import Detokenizer
 from tests.conftest import assert_no_leaks
 from tests.core_helpers import fake_step, make_request, make_scheduler
 

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.grammar import GrammarCompiler, choice_grammar
+from mmserve.engine.admission.grammar import GrammarCompiler, choice_grammar
 from mmserve.models.tiny import resolve_model_path
 from mmserve.structured_outputs import MAX_JSON_WHITESPACE, StructuredOutputsParams
 from mmserve.worker.grammar_mask import GrammarMask, new_matcher

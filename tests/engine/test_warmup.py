@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from mmserve import SamplingParams
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from mmserve.models.tiny import PRESET_NAMES
 from tests.conftest import make_image

@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoConfig
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 
-from mmserve.engine.loading import build_model_config, load_model
+from mmserve.engine.setup.loading import build_model_config, load_model
 from mmserve.models.gemma3 import Gemma3ForConditionalGeneration
 from mmserve.models.gemma3_text import FULL, SLIDING
 from mmserve.models.tiny import resolve_model_path

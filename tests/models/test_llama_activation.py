@@ -12,7 +12,7 @@ import torch
 from transformers import AutoProcessor, LlavaForConditionalGeneration
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.loading import build_model_config, load_model
+from mmserve.engine.setup.loading import build_model_config, load_model
 from mmserve.models.tiny import resolve_model_path
 
 MAX_NEW = 16

@@ -19,7 +19,7 @@ from transformers import LlavaOnevisionForConditionalGeneration as HFOnevision
 
 from mmserve import LLM, SamplingParams
 from mmserve.config import SchedulerConfig
-from mmserve.engine.loading import build_model_config
+from mmserve.engine.setup.loading import build_model_config
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.llava_onevision import load_onevision_processor

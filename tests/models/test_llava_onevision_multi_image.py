@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.loading import build_model_config
+from mmserve.engine.setup.loading import build_model_config
 from mmserve.inputs import PromptInput
 from mmserve.models.registry import resolve_architecture
 from mmserve.multimodal.image.anyres import AnyresGeometry

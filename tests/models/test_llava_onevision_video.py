@@ -19,8 +19,8 @@ from transformers import LlavaOnevisionForConditionalGeneration as HFOnevision
 from transformers.models.llava_onevision.modeling_llava_onevision import LlavaOnevisionModel
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.front.async_engine import AsyncLLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.llava_onevision import pool_frames
 from mmserve.models.tiny import resolve_model_path

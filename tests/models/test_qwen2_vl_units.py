@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding
 
-from mmserve.engine.loading import build_model_config
+from mmserve.engine.setup.loading import build_model_config
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import PromptInput
 from mmserve.layers.mrope import MRotaryEmbedding, mrope_positions
@@ -149,7 +149,7 @@ def test_encoder_budget_with_default_processor_limits(ckpt, batch, expected):
 
 
 def test_input_processor_expands_pad_per_image(ckpt):
-    from mmserve.engine.llm_engine import LLMEngine
+    from mmserve.engine.loop.llm_engine import LLMEngine
 
     engine = LLMEngine.from_args(str(ckpt))
     prompt = (

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 
-from mmserve.engine.loading import build_model_config, load_image_processor
+from mmserve.engine.setup.loading import build_model_config, load_image_processor
 from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from mmserve.multimodal.image.fast import fast_image_processor
 from tests.conftest import make_image

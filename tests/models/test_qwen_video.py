@@ -210,8 +210,8 @@ def test_async_engine_admits_decoded_videos(model, ref):
     ValueError, the engine serves on."""
     import asyncio
 
-    from mmserve.engine.async_engine import AsyncLLMEngine
-    from mmserve.engine.llm_engine import LLMEngine
+    from mmserve.engine.front.async_engine import AsyncLLMEngine
+    from mmserve.engine.loop.llm_engine import LLMEngine
 
     engine = AsyncLLMEngine(LLMEngine.from_args(model, seed=0, **ENGINE))
     video = VideoFrames(make_frames(8, 6), 3.0, tuple(i / 3 for i in range(6)))

@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import pytest
 
-from mmserve.engine.loading import build_model_config, load_image_processor
+from mmserve.engine.setup.loading import build_model_config, load_image_processor
 from mmserve.multimodal.image.anyres import hf_anyres
 from mmserve.multimodal.image.fast import fast_image_processor
 from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 from transformers import CLIPImageProcessorPil, Qwen2VLImageProcessorPil
 
-from mmserve.engine.llm_engine import LLMEngine
-from mmserve.engine.loading import load_image_processor
+from mmserve.engine.loop.llm_engine import LLMEngine
+from mmserve.engine.setup.loading import load_image_processor
 from mmserve.models.tiny import resolve_model_path
 from mmserve.multimodal.hashing import hash_image
 from mmserve.multimodal.image.decode import decode_image

@@ -13,8 +13,8 @@ import signal
 import numpy as np
 import pytest
 
-from mmserve.engine.admission import AdmissionExecutors, AdmissionPipeline
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.admission.pipeline import AdmissionExecutors, AdmissionPipeline
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
 from tests.conftest import make_image

@@ -20,7 +20,7 @@ from transformers.image_processing_backends import TorchvisionBackend
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl
 
 from mmserve.config import ModelConfig
-from mmserve.engine.loading import build_model_config, load_model
+from mmserve.engine.setup.loading import build_model_config, load_model
 from mmserve.inputs import VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.media.policy import MediaFetchPolicy

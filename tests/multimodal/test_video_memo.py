@@ -14,8 +14,8 @@ import blake3
 import numpy as np
 import pytest
 
-from mmserve.engine.admission import AdmissionExecutors, AdmissionPipeline
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.admission.pipeline import AdmissionExecutors, AdmissionPipeline
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.policy import MediaFetchPolicy

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from mmserve.cli import build_parser
-from mmserve.engine.admission import AdmissionExecutors, AdmissionPipeline
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.admission.pipeline import AdmissionExecutors, AdmissionPipeline
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.cli_args import media_policy
 from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
 from mmserve.multimodal.media.errors import MediaFetchError

@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 from transformers import AutoProcessor, AutoTokenizer
 
-from mmserve.engine.chat_content_format import detect_content_format
-from mmserve.engine.chat_template import ChatTemplate, find_chat_template, load_chat_template_arg
-from mmserve.engine.generation_defaults import load_generation_defaults
+from mmserve.engine.setup.chat_content_format import detect_content_format
+from mmserve.engine.setup.chat_template import (
+    ChatTemplate,
+    find_chat_template,
+    load_chat_template_arg,
+)
+from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.models.tiny import resolve_model_path

@@ -13,14 +13,14 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmserve.engine.async_engine import (
+from mmserve.engine.front.async_engine import (
     AsyncLLMEngine,
     EngineOverloadedError,
     EngineShutdownError,
     EngineStepError,
 )
-from mmserve.engine.llm_engine import LLMEngine
-from mmserve.engine.metrics import ServerMetrics
+from mmserve.engine.loop.llm_engine import LLMEngine
+from mmserve.engine.metrics.prometheus import ServerMetrics
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.openai.http.streaming import DeltaTracker
 from mmserve.inputs import PromptInput

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.loading import load_tokenizer
+from mmserve.engine.setup.chat_template import ChatTemplate
+from mmserve.engine.setup.loading import load_tokenizer
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages
 from mmserve.entrypoints.openai.server import RunningServer
 from mmserve.inputs import PromptInput, VideoFrames

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.front.async_engine import AsyncLLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from mmserve.models.tiny import resolve_model_path
 from tests.conftest import assert_no_leaks

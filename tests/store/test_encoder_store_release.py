@@ -9,7 +9,7 @@ import gc
 import weakref
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from tests.conftest import assert_no_leaks
 

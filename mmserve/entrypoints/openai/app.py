@@ -21,7 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.entrypoints.openai.completions.protocol import (
     ChatCompletionRequest,
     CompletionRequest,

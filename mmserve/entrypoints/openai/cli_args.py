@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from mmserve.arg_types import parse_bytes
-from mmserve.engine.chat_template_arg import load_chat_template_arg
-from mmserve.engine.generation_defaults import check_generation_config
+from mmserve.engine.setup.chat_template_arg import load_chat_template_arg
+from mmserve.engine.setup.generation_defaults import check_generation_config
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.http.limits import add_limit_flags, limits_from_args
 from mmserve.entrypoints.openai.http.policy import HTTPPolicy, ui_default

@@ -22,9 +22,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from mmserve.engine.admission import AdmissionExecutors
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.admission.pipeline import AdmissionExecutors
+from mmserve.engine.front.async_engine import AsyncLLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.app import build_app
 from mmserve.entrypoints.openai.cli_args import (
     check_server_flags,

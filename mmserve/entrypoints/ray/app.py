@@ -15,7 +15,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
-from mmserve.engine.admission import AdmissionExecutors
+from mmserve.engine.admission.pipeline import AdmissionExecutors
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.app import build_app as build_openai_app
 from mmserve.entrypoints.openai.cli_args import (

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mmserve.engine.grammar import GrammarCompiler
-from mmserve.engine.loading import create_engine_config
-from mmserve.engine.model_front import ModelFront
-from mmserve.engine.prompt_limits import checked_prompt
+from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.prompt_limits import checked_prompt
+from mmserve.engine.setup.loading import create_engine_config
+from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.multimodal.media.policy import MediaFetchPolicy

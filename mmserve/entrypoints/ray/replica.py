@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from mmserve.engine.admission import AdmissionExecutors
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.llm_engine import LLMEngine
+from mmserve.engine.admission.pipeline import AdmissionExecutors
+from mmserve.engine.front.async_engine import AsyncLLMEngine
+from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.ray.frontend import ReplicaFacts

@@ -11,10 +11,10 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from mmserve.engine.admission import AdmissionExecutors
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.engine_metrics import COUNTER_KEYS
+from mmserve.engine.admission.pipeline import AdmissionExecutors
 from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
+from mmserve.engine.front.async_engine import AsyncLLMEngine
+from mmserve.engine.metrics.engine_metrics import COUNTER_KEYS
 from mmserve.engine.outputs import RequestOutput
 from mmserve.entrypoints.ray.cluster_metrics import RoutingCollector, StatsRefresher
 from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums, ClusterStatsCollector

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.generation_defaults import (
+from mmserve.engine.front.async_engine import AsyncLLMEngine
+from mmserve.engine.setup.generation_defaults import (
     build_sampling_params,
     default_max_tokens,
     merge_defaults,

@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from mmserve.engine.async_engine import AsyncLLMEngine
-from mmserve.engine.chat_template import ChatTemplate
+from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.outputs import RequestOutput
+from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.entrypoints.openai.completions.protocol import (
     ChatCompletionRequest,

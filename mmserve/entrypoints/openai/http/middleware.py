@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mmserve.engine.metrics import ServerMetrics
+from mmserve.engine.metrics.prometheus import ServerMetrics
 from mmserve.entrypoints.openai.http.errors import APIError, error_response
 
 ENDPOINTS = (

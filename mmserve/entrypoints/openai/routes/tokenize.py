@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from mmserve.engine.async_engine import AsyncLLMEngine
+from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.entrypoints.openai.completions.protocol import ChatMessage
 from mmserve.entrypoints.openai.completions.serving import OpenAIServing

@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 from mmserve.config import EngineConfig
-from mmserve.engine.loading import torch_dtype
-from mmserve.engine.memory_plan import DeviceMemoryUsage, MemoryPlan
+from mmserve.engine.setup.loading import torch_dtype
+from mmserve.engine.setup.memory_plan import DeviceMemoryUsage, MemoryPlan
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
 

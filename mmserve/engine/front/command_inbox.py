@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Callable
 
 from mmserve.engine.errors import EngineShutdownError
-from mmserve.engine.output_stream import AbortCommand, AddCommand
+from mmserve.engine.front.output_stream import AbortCommand, AddCommand
 
 Command = AddCommand | AbortCommand
 

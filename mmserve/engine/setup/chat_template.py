@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmserve.engine.chat_content_format import ContentFormat, detect_content_format
-from mmserve.engine.chat_template_arg import load_chat_template_arg
+from mmserve.engine.setup.chat_content_format import ContentFormat, detect_content_format
+from mmserve.engine.setup.chat_template_arg import load_chat_template_arg
 
 NO_TEMPLATE_HELP = (
     "the model has no chat template (none in chat_template.jinja, chat_template.json, the"

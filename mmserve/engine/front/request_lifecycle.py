@@ -10,8 +10,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 
-from mmserve.engine.admission import AdmissionPipeline
-from mmserve.engine.metrics import RequestTimer, ServerMetrics
+from mmserve.engine.admission.pipeline import AdmissionPipeline
+from mmserve.engine.metrics.prometheus import RequestTimer, ServerMetrics
 from mmserve.engine.outputs import RequestOutput
 from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.sampling_params import SamplingParams

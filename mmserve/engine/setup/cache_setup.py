@@ -12,8 +12,8 @@ from mmserve.config import EngineConfig
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.scheduler import Scheduler
-from mmserve.engine.loading import torch_dtype
-from mmserve.engine.memory_profile import num_kv_blocks
+from mmserve.engine.setup.loading import torch_dtype
+from mmserve.engine.setup.memory_profile import num_kv_blocks
 from mmserve.layers.attention import PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 
 from mmserve.config import EngineConfig
 from mmserve.core.scheduler import Scheduler
-from mmserve.engine.fanout import FanOut, child_params
-from mmserve.engine.generation_defaults import default_max_tokens
-from mmserve.engine.grammar import GrammarCompiler
-from mmserve.engine.model_front import ModelFront
-from mmserve.engine.output_processor import OutputProcessor
-from mmserve.engine.prompt_limits import checked_prompt
+from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.prompt_limits import checked_prompt
+from mmserve.engine.output.fanout import FanOut, child_params
+from mmserve.engine.output.output_processor import OutputProcessor
+from mmserve.engine.setup.generation_defaults import default_max_tokens
+from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mmserve.engine.engine_metrics import COUNTER_KEYS, DESCRIPTIONS
-from mmserve.engine.vllm_metrics import VLLMSnapshotCollector
+from mmserve.engine.metrics.engine_metrics import COUNTER_KEYS, DESCRIPTIONS
+from mmserve.engine.metrics.vllm_metrics import VLLMSnapshotCollector
 
 logger = logging.getLogger(__name__)
 

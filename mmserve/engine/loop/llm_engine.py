@@ -10,25 +10,25 @@ import torch
 
 from mmserve.config import EngineConfig
 from mmserve.core.progress import ProgressMonitor
-from mmserve.engine.cache_setup import allocate_kv_cache, build_scheduler, size_caches
-from mmserve.engine.detokenizer import Detokenizer
-from mmserve.engine.engine_metrics import read_engine_metrics
+from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.intake import RequestIntake
 from mmserve.engine.errors import EngineDeadError
-from mmserve.engine.fanout import FanOut
-from mmserve.engine.grammar import GrammarCompiler
-from mmserve.engine.intake import RequestIntake
-from mmserve.engine.loading import (
+from mmserve.engine.loop.stall import default_stall_steps, stall_message
+from mmserve.engine.loop.step_isolation import IsolatingStepper, StepResult
+from mmserve.engine.loop.warmup import WarmupReport, run_warmup_request
+from mmserve.engine.metrics.engine_metrics import read_engine_metrics
+from mmserve.engine.output.detokenizer import Detokenizer
+from mmserve.engine.output.fanout import FanOut
+from mmserve.engine.output.output_processor import OutputProcessor
+from mmserve.engine.outputs import RequestOutput
+from mmserve.engine.setup.cache_setup import allocate_kv_cache, build_scheduler, size_caches
+from mmserve.engine.setup.loading import (
     create_engine_config,
     load_model,
     torch_dtype,
 )
-from mmserve.engine.malloc_tuning import tune_malloc
-from mmserve.engine.model_front import ModelFront
-from mmserve.engine.output_processor import OutputProcessor
-from mmserve.engine.outputs import RequestOutput
-from mmserve.engine.stall import default_stall_steps, stall_message
-from mmserve.engine.step_isolation import IsolatingStepper, StepResult
-from mmserve.engine.warmup import WarmupReport, run_warmup_request
+from mmserve.engine.setup.malloc_tuning import tune_malloc
+from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import PromptInput
 from mmserve.layers.attention import select_attention_backend

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-from mmserve.engine.model_front import ModelFront
+from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url

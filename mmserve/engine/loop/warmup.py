@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.grammar import GrammarCompiler
-from mmserve.engine.intake import RequestIntake
+from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.intake import RequestIntake
 from mmserve.engine.outputs import RequestOutput
+from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.inputs import PromptInput
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams

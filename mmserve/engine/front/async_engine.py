@@ -34,9 +34,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from mmserve.engine.admission import Admission, AdmissionExecutors, AdmissionPipeline
-from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.command_inbox import Command, CommandInbox
+from mmserve.engine.admission.pipeline import Admission, AdmissionExecutors, AdmissionPipeline
 from mmserve.engine.errors import (
     EngineDeadError,
     EngineError,
@@ -44,12 +42,14 @@ from mmserve.engine.errors import (
     EngineShutdownError,
     EngineStepError,
 )
-from mmserve.engine.llm_engine import LLMEngine
-from mmserve.engine.metrics import ServerMetrics
-from mmserve.engine.output_stream import AbortCommand, AddCommand, OutputStream
+from mmserve.engine.front.command_inbox import Command, CommandInbox
+from mmserve.engine.front.output_stream import AbortCommand, AddCommand, OutputStream
+from mmserve.engine.front.request_lifecycle import RequestLifecycle
+from mmserve.engine.loop.llm_engine import LLMEngine
+from mmserve.engine.loop.warmup import warmup_image_bytes
+from mmserve.engine.metrics.prometheus import ServerMetrics
 from mmserve.engine.outputs import RequestOutput
-from mmserve.engine.request_lifecycle import RequestLifecycle
-from mmserve.engine.warmup import warmup_image_bytes
+from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.inputs import ProcessedPrompt
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from mmserve.engine.detokenizer import Detokenizer
-from mmserve.engine.media_usage import summarize_media
+from mmserve.engine.output.detokenizer import Detokenizer
+from mmserve.engine.output.media_usage import summarize_media
 from mmserve.engine.outputs import CompletionOutput, RequestOutput
 from mmserve.request import Request, RequestStatus
 

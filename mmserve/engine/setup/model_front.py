@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmserve.config import EngineConfig
-from mmserve.engine.chat_template import ChatTemplate
-from mmserve.engine.generation_defaults import build_sampling_params, describe_defaults
-from mmserve.engine.loading import load_image_processor, load_tokenizer
+from mmserve.engine.setup.chat_template import ChatTemplate
+from mmserve.engine.setup.generation_defaults import build_sampling_params, describe_defaults
+from mmserve.engine.setup.loading import load_image_processor, load_tokenizer
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.sampling_params import SamplingParams

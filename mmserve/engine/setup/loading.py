@@ -12,9 +12,9 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer
 
 from mmserve.config import EngineConfig, ModelConfig, checkpoint_dtype, resolve_dtype
-from mmserve.engine.chat_template import find_chat_template
-from mmserve.engine.device import resolve_device
-from mmserve.engine.generation_defaults import load_generation_defaults
+from mmserve.engine.setup.chat_template import find_chat_template
+from mmserve.engine.setup.device import resolve_device
+from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.interface import VisionLanguageModel

@@ -1,0 +1,2 @@
+"""The step loop: ``LLMEngine`` (assembly, step), step isolation, the stall policy and the
+warm-up."""
