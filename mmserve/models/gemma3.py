@@ -20,7 +20,7 @@ from mmserve.layers.norm import RMSNorm
 from mmserve.models.gemma3_text import NORM_OFFSET, Gemma3TextModel
 from mmserve.models.llama import LlamaLMHeadMixin
 from mmserve.models.loader import load_safetensors
-from mmserve.models.siglip_vision import SiglipVisionTower
+from mmserve.models.vision.siglip import SiglipVisionTower
 
 # checkpoint key -> module name: transformers-5 layout and the hub's (google/gemma-3-*-it).
 GEMMA3_RENAME_RULES = [

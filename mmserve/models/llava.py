@@ -10,9 +10,9 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from mmserve.layers.transfer import to_device_like
-from mmserve.models.clip_vision import CLIPVisionTower
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
+from mmserve.models.vision.clip import CLIPVisionTower
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.
 LLAVA_RENAME_RULES = [

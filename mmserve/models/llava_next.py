@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmserve.models.clip_vision import CLIPVisionTower
 from mmserve.models.llava_onevision import AnyresLlava
+from mmserve.models.vision.clip import CLIPVisionTower
 
 
 class LlavaNextForConditionalGeneration(AnyresLlava):

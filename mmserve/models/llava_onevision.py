@@ -23,7 +23,7 @@ from torch import nn
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.llava import LLAVA_RENAME_RULES, LlavaProjector
 from mmserve.models.loader import load_safetensors
-from mmserve.models.siglip_vision import SiglipVisionTower
+from mmserve.models.vision.siglip import SiglipVisionTower
 from mmserve.multimodal.image.anyres import AnyresGeometry
 from mmserve.multimodal.video.onevision import pooled_frame_tokens
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmserve.models.qwen2_5_vl_vision import Qwen2_5VisionTransformer
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
+from mmserve.models.vision.qwen2_5_vl import Qwen2_5VisionTransformer
 
 
 class Qwen2_5_VLForConditionalGeneration(Qwen2VLForConditionalGeneration):

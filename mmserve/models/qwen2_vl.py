@@ -27,7 +27,7 @@ from mmserve.layers.rotary import rope_theta
 from mmserve.layers.transfer import to_device_like
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
-from mmserve.models.qwen2_vl_vision import Grid, Qwen2VisionTransformer
+from mmserve.models.vision.qwen2_vl import Grid, Qwen2VisionTransformer
 from mmserve.multimodal.video.qwen2_vl import load_video_settings
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.

@@ -39,9 +39,9 @@ from mmserve.models.qwen2_vl import (
     image_limits,
     max_image_tokens,
 )
-from mmserve.models.qwen2_vl_vision import Grid
 from mmserve.models.qwen3_vl_text import Qwen3VLTextModel
-from mmserve.models.qwen3_vl_vision import Qwen3VisionTransformer
+from mmserve.models.vision.qwen2_vl import Grid
+from mmserve.models.vision.qwen3_vl import Qwen3VisionTransformer
 from mmserve.multimodal.video.qwen3 import load_qwen3_video_settings
 
 

@@ -14,7 +14,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration as HFQwen2_5_VL
 from transformers.vision_utils import get_vision_window_index
 
 from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
-from mmserve.models.qwen2_5_vl_vision import window_layout
+from mmserve.models.vision.qwen2_5_vl import window_layout
 from tests.tower_helpers import qwen_tower_pair
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}

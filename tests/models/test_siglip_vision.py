@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from mmserve.models.loader import load_safetensors
-from mmserve.models.siglip_vision import SiglipVisionTower
 from mmserve.models.tiny.presets import randomize_weights
+from mmserve.models.vision.siglip import SiglipVisionTower
 
 LAYERS = 3
 RENAME = [(r"^vision_model\.", "")]

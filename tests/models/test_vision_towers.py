@@ -20,11 +20,11 @@ from transformers import LlavaForConditionalGeneration as HFLlava
 from transformers import Qwen2VLForConditionalGeneration as HFQwen2VL
 from transformers.activations import ACT2FN
 
-from mmserve.models.clip_vision import layers_to_run, quick_gelu_
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
-from mmserve.models.qwen2_vl_vision import PatchEmbed, _equal_runs
 from mmserve.models.tiny.presets import PRESETS, PresetSpec, randomize_weights
+from mmserve.models.vision.clip import layers_to_run, quick_gelu_
+from mmserve.models.vision.qwen2_vl import PatchEmbed, _equal_runs
 from tests.tower_helpers import qwen_tower_pair
 
 QWEN_TOL = {"rtol": 1e-4, "atol": 1e-4}

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mmserve.models.clip_vision import LAYER_WEIGHTS, CLIPEncoder, layers_to_run
+from mmserve.models.vision.clip import LAYER_WEIGHTS, CLIPEncoder, layers_to_run
 
 # SiglipMultiheadAttentionPoolingHead's parameter names (the pooled output; never read here).
 HEAD_WEIGHTS = (

@@ -27,7 +27,7 @@ from torch import nn
 
 from mmserve.layers.norm import RMSNorm
 from mmserve.models.llama import MLP
-from mmserve.models.qwen2_vl_vision import (
+from mmserve.models.vision.qwen2_vl import (
     Grid,
     PatchEmbed,
     PatchMerger,

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmserve.models.clip_vision import VisionMLP
+from mmserve.models.vision.clip import VisionMLP
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches
 

@@ -25,7 +25,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
-from mmserve.models.qwen2_vl_vision import (
+from mmserve.models.vision.qwen2_vl import (
     Grid,
     PatchEmbed,
     VisionAttention,
