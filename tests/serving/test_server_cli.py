@@ -188,7 +188,9 @@ def test_every_engine_setting_has_one_default(command: str) -> None:
 def test_bench_engine_flags_come_from_engine_args(workload: str) -> None:
     import importlib
 
-    parser = importlib.import_module(f"mmserve.bench.{workload}").build_parser()
+    from mmserve.bench.cli import workload_module
+
+    parser = importlib.import_module(workload_module(workload)).build_parser()
     assert EngineArgs.from_cli_args(parser.parse_args([])) == EngineArgs(model="tiny-llava-small")
     args = parser.parse_args(["--max-num-seqs", "3", "--no-enable-prefix-caching"])
     assert EngineArgs.from_cli_args(args).as_kwargs()["max_num_seqs"] == 3
