@@ -22,7 +22,7 @@ from mmserve.config import SchedulerConfig
 from mmserve.engine.setup.loading import build_model_config
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
-from mmserve.models.tiny.llava_onevision import load_onevision_processor
+from mmserve.models.tiny.families.llava_onevision import load_onevision_processor
 from mmserve.multimodal.budget import compute_encoder_budget
 from mmserve.multimodal.image.anyres import AnyresGeometry, anyres_inputs, hf_anyres
 from tests.conftest import assert_no_leaks, make_image

@@ -24,7 +24,7 @@ from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.llava_onevision import pool_frames
 from mmserve.models.tiny import resolve_model_path
-from mmserve.models.tiny.llava_onevision import IDS, load_onevision_processor
+from mmserve.models.tiny.families.llava_onevision import IDS, load_onevision_processor
 from mmserve.multimodal.video.onevision import (
     load_onevision_video_settings,
     preprocess_onevision_video,

@@ -42,7 +42,7 @@ class HFInputs:
             self.pad_id = pad_id
             self.processor = None
         elif architecture == "LlavaOnevisionForConditionalGeneration":
-            from mmserve.models.tiny.llava_onevision import load_onevision_processor
+            from mmserve.models.tiny.families.llava_onevision import load_onevision_processor
 
             self.processor = load_onevision_processor(path)  # AutoProcessor needs torchvision
             self.tokenizer = self.processor.tokenizer

@@ -2,6 +2,9 @@
 hub access."""
 
 from .cache import default_cache_dir, ensure_layout, resolve_model_path
+from .families.qwen2_5_vl import Qwen2_5_VLPresetSpec
+from .families.qwen2_vl import Qwen2VLPresetSpec
+from .families.qwen3_vl import Qwen3VLPresetSpec
 from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES
 from .presets import (
     BUILD_VERSION,
@@ -13,9 +16,6 @@ from .presets import (
     count_parameters,
     make_config,
 )
-from .qwen2_5_vl import Qwen2_5_VLPresetSpec
-from .qwen2_vl import Qwen2VLPresetSpec
-from .qwen3_vl import Qwen3VLPresetSpec
 from .tokenizer import (
     CHAT_TEMPLATE,
     QWEN_CHAT_TEMPLATE,

@@ -23,13 +23,13 @@ from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from .build_steps import write_json
-from .gemma3 import GEMMA3_PRESETS, Gemma3PresetSpec
-from .llava import LLAVA_PRESETS, PresetSpec
-from .llava_next import LLAVA_NEXT_PRESETS, LlavaNextPresetSpec
-from .llava_onevision import ONEVISION_PRESETS, OnevisionPresetSpec
-from .qwen2_5_vl import QWEN2_5_VL_PRESETS
-from .qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
-from .qwen3_vl import QWEN3_VL_PRESETS
+from .families.gemma3 import GEMMA3_PRESETS, Gemma3PresetSpec
+from .families.llava import LLAVA_PRESETS, PresetSpec
+from .families.llava_next import LLAVA_NEXT_PRESETS, LlavaNextPresetSpec
+from .families.llava_onevision import ONEVISION_PRESETS, OnevisionPresetSpec
+from .families.qwen2_5_vl import QWEN2_5_VL_PRESETS
+from .families.qwen2_vl import QWEN2_VL_PRESETS, Qwen2VLPresetSpec
+from .families.qwen3_vl import QWEN3_VL_PRESETS
 from .tokenizer import build_tokenizer
 
 BUILD_VERSION = 3  # bump whenever the bytes a build writes change (invalidates caches)

@@ -22,15 +22,15 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .build_steps import save_processor_files
-from .config_parts import crop_pinpoints, pinpoint_lists
+from ..build_steps import save_processor_files
+from ..config_parts import crop_pinpoints, pinpoint_lists
+from ..tokenizer import LLAVA, TokenizerFlavor
 from .llava import (
     LLAVA_PRESETS,
     PresetSpec,
     llava_processor_settings,
     llava_projector_settings,
 )
-from .tokenizer import LLAVA, TokenizerFlavor
 
 
 @dataclass(frozen=True)

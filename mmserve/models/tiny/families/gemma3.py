@@ -24,10 +24,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .build_steps import save_processor_files
-from .config_parts import decoder_sizes, siglip_vision_config
-from .sizes import BENCH_VIT, CI_VIT, TextSizes, VitSizes
-from .tokenizer import TokenizerFlavor
+from ..build_steps import save_processor_files
+from ..config_parts import decoder_sizes, siglip_vision_config
+from ..sizes import BENCH_VIT, CI_VIT, TextSizes, VitSizes
+from ..tokenizer import TokenizerFlavor
 
 GEMMA3_SPECIAL_TOKENS: tuple[str, ...] = (
     "<pad>",

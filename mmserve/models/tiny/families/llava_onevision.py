@@ -26,16 +26,16 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .build_steps import save_processor_files, write_hub_chat_template, write_json
-from .config_parts import (
+from ..build_steps import save_processor_files, write_hub_chat_template, write_json
+from ..config_parts import (
     chatml_generation_ids,
     crop_pinpoints,
     pinpoint_lists,
     qwen2_text_config,
     siglip_vision_config,
 )
-from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT, TextSizes, VitSizes
-from .tokenizer import QWEN_SPECIAL_TOKENS, TokenizerFlavor
+from ..sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT, TextSizes, VitSizes
+from ..tokenizer import QWEN_SPECIAL_TOKENS, TokenizerFlavor
 
 # llava-hf/llava-onevision-qwen2-*-ov-hf's chat template, as published.
 ONEVISION_CHAT_TEMPLATE = (

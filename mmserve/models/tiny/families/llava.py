@@ -23,10 +23,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .build_steps import save_processor_files
-from .config_parts import decoder_sizes
-from .sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT, TextSizes, VitSizes
-from .tokenizer import BOS, EOS, IMAGE, LLAVA, PAD, SPECIAL_TOKEN_IDS, TokenizerFlavor
+from ..build_steps import save_processor_files
+from ..config_parts import decoder_sizes
+from ..sizes import BENCH_TEXT, BENCH_VIT, CI_TEXT, CI_VIT, TextSizes, VitSizes
+from ..tokenizer import BOS, EOS, IMAGE, LLAVA, PAD, SPECIAL_TOKEN_IDS, TokenizerFlavor
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
-from .build_steps import save_processor_files
-from .config_parts import chatml_generation_ids, qwen2_text_config
-from .sizes import BENCH_TEXT, CI_TEXT, TextSizes
-from .tokenizer import QWEN2_VL, QWEN_SPECIAL_TOKEN_IDS, TokenizerFlavor
+from ..build_steps import save_processor_files
+from ..config_parts import chatml_generation_ids, qwen2_text_config
+from ..sizes import BENCH_TEXT, CI_TEXT, TextSizes
+from ..tokenizer import QWEN2_VL, QWEN_SPECIAL_TOKEN_IDS, TokenizerFlavor
 
 IDS = QWEN_SPECIAL_TOKEN_IDS
 
