@@ -24,6 +24,7 @@ of its text (a token-id prompt holding another is refused), so one key never has
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,14 +50,19 @@ def image_seq_len(hf_config: Any) -> int:
 
 
 def load_tile_processor(path: str | Path, processor_kwargs: dict[str, Any] | None = None) -> Any:
-    """The checkpoint's image processor (PIL flavour) with ``processor_kwargs`` applied, or the
-    class defaults where the checkpoint has no ``preprocessor_config.json``."""
-    from transformers import Idefics3ImageProcessorPil
+    """The checkpoint's image processor (the PIL flavour of the class its
+    ``preprocessor_config.json`` names: Idefics3's or SmolVLM's) with ``processor_kwargs``
+    applied, or Idefics3's defaults where the checkpoint has none."""
+    import transformers
 
     kwargs = dict(processor_kwargs or {})
-    if str(path) and (Path(path) / "preprocessor_config.json").is_file():
-        return Idefics3ImageProcessorPil.from_pretrained(path, **kwargs)
-    return Idefics3ImageProcessorPil(**kwargs)
+    config = Path(path) / "preprocessor_config.json" if str(path) else None
+    if config is None or not config.is_file():
+        return transformers.Idefics3ImageProcessorPil(**kwargs)
+    name = json.loads(config.read_text()).get("image_processor_type", "")
+    base = name.removesuffix("Fast").removesuffix("Pil")
+    cls = getattr(transformers, base + "Pil", transformers.Idefics3ImageProcessorPil)
+    return cls.from_pretrained(path, **kwargs)
 
 
 def max_span_tokens(hf_config: Any, processor_kwargs: dict[str, Any] | None = None) -> int:

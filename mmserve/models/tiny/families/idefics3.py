@@ -15,6 +15,7 @@ template in both.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,7 +29,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from ..build_steps import save_processor_files
+from ..build_steps import edit_json, save_processor_files, write_hub_chat_template, write_json
 from ..config_parts import decoder_sizes
 from ..sizes import CI_TEXT, CI_VIT, TextSizes, VitSizes
 from ..tokenizer import TokenizerFlavor
@@ -166,3 +167,49 @@ IDEFICS3_PRESETS: dict[str, Idefics3PresetSpec] = {
         **asdict(CI_TEXT),
     ),
 }
+
+
+# HuggingFaceTB/SmolVLM2-*-Video-Instruct's chat template, as published (SmolVLM's plus a
+# "<video>" per video part).
+SMOLVLM2_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}{% endfor %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+def smolvlm_hub(out: Path) -> None:
+    """SmolVLM-256M-Instruct's files: the template in ``chat_template.json`` and the
+    tokenizer config (none in ``chat_template.jinja``)."""
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    write_hub_chat_template(out, SMOLVLM_CHAT_TEMPLATE)
+
+
+def smolvlm2_hub(out: Path) -> None:
+    """SmolVLM2-*-Video-Instruct's files: ``SmolVLMForConditionalGeneration`` (model types
+    ``smolvlm`` / ``smolvlm_vision``), ``SmolVLMImageProcessor`` with its ``video_sampling``,
+    ``SmolVLMProcessor``, the video-aware template; the weights are the same."""
+    smolvlm_hub(out)
+    write_hub_chat_template(out, SMOLVLM2_CHAT_TEMPLATE)
+
+    def config(data: dict[str, Any]) -> None:
+        data.update(architectures=["SmolVLMForConditionalGeneration"], model_type="smolvlm")
+        data["vision_config"]["model_type"] = "smolvlm_vision"
+
+    def preprocessor(data: dict[str, Any]) -> None:
+        tile = data["max_image_size"]["longest_edge"]
+        data.update(
+            image_processor_type="SmolVLMImageProcessor",
+            processor_class="SmolVLMProcessor",
+            video_sampling={"fps": 1, "max_frames": 64, "video_size": {"longest_edge": tile}},
+        )
+
+    edit_json(out / "config.json", config)
+    edit_json(out / "preprocessor_config.json", preprocessor)
+    seq = json.loads((out / "processor_config.json").read_text())["image_seq_len"]
+    write_json(
+        out / "processor_config.json", {"image_seq_len": seq, "processor_class": "SmolVLMProcessor"}
+    )
