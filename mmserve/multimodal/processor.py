@@ -162,8 +162,9 @@ class InputProcessor:
     def _process_image_text(
         self, prompt: PromptInput, merged: dict[str, Any] | None
     ) -> ProcessedPrompt:
-        """Families whose processor expands the image marker in the text (``ImageText``): the
-        images are checked and prepared here, the prompt built by ``ImageTextExpander``."""
+        """Families whose processor expands the image marker in the text (``ImageText``;
+        SmolVLM's tiles): the images are checked and prepared here, the prompt built by
+        ``ImageTextExpander`` (``TiledImageExpander``)."""
         assert self.image_text_expander is not None
         images, uuids, cache_salt = prompt.images, prompt.uuids, prompt.cache_salt
         self.check_num_images(len(images))
