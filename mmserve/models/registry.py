@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from mmserve.models.gemma3 import Gemma3ForConditionalGeneration
+from mmserve.models.idefics3 import (
+    Idefics3ForConditionalGeneration,
+    SmolVLMForConditionalGeneration,
+)
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.llava_next import LlavaNextForConditionalGeneration
@@ -21,6 +25,8 @@ MODEL_REGISTRY: dict[str, type[VisionLanguageModel]] = {
     "LlavaOnevisionForConditionalGeneration": LlavaOnevisionForConditionalGeneration,
     "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
+    "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
+    "SmolVLMForConditionalGeneration": SmolVLMForConditionalGeneration,
 }
 
 

@@ -14,6 +14,7 @@ from mmserve.config import ModelConfig
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.hashing import hash_uuid, multi_image_hash, salted
 from mmserve.multimodal.image.decode import checked_image
+from mmserve.multimodal.image.idefics3 import TiledImageExpander
 from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image.prep import ImagePreparer
 from mmserve.multimodal.image.text_expansion import ImageTextExpander
@@ -75,12 +76,14 @@ class InputProcessor:
         self.video_loader = VideoLoader(media_policy, sampling)
         self.videos = VideoInputs(model_config, max_videos, self.video_loader)
         glue = self.preparer.image_inputs
-        self.image_text_expander: ImageTextExpander | None = None
+        self.image_text_expander: ImageTextExpander | TiledImageExpander | None = None
         if glue and glue.image_text:
             image_text = glue.image_text(tokenizer, model_config)
             self.image_text_expander = ImageTextExpander(
                 image_text, tokenizer, self.tokenize, model_config.image_token_id
             )
+        elif glue and glue.tiled_text:
+            self.image_text_expander = TiledImageExpander(tokenizer, self.tokenize, model_config)
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -159,8 +162,9 @@ class InputProcessor:
     def _process_image_text(
         self, prompt: PromptInput, merged: dict[str, Any] | None
     ) -> ProcessedPrompt:
-        """Families whose processor expands the image marker in the text (``ImageText``): the
-        images are checked and prepared here, the prompt built by ``ImageTextExpander``."""
+        """Families whose processor expands the image marker in the text (``ImageText``;
+        SmolVLM's tiles): the images are checked and prepared here, the prompt built by
+        ``ImageTextExpander`` (``TiledImageExpander``)."""
         assert self.image_text_expander is not None
         images, uuids, cache_salt = prompt.images, prompt.uuids, prompt.cache_salt
         self.check_num_images(len(images))

@@ -241,5 +241,6 @@ def test_public_api() -> None:
         "tiny-llava-next-small",
         "tiny-gemma3",
         "tiny-gemma3-small",
+        "tiny-smolvlm",
     )
     assert set(tiny.__all__) >= {"PRESET_NAMES", "build_preset", "resolve_model_path"}

@@ -26,12 +26,14 @@ NO_TEMPLATE_HELP = (
 # ``hf_config.model_type``: the text the model's processor expands.
 IMAGE_PLACEHOLDERS = {
     "gemma3": "<start_of_image>",
+    "idefics3": "<image>",
     "llava": "<image>",
     "llava_next": "<image>",
     "llava_onevision": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "smolvlm": "<image>",
 }
 
 

@@ -11,6 +11,10 @@ config), derived from a preset's build by moving its template files; weights are
   named as published (``Qwen2VLImageProcessorFast`` for ``Qwen3VLProcessor``).
 - ``tiny-llava-jinja``: a template that reads content as text, in ``chat_template.jinja``.
 - ``tiny-llava-no-template``: no chat template anywhere.
+- ``tiny-smolvlm-hub``: SmolVLM-256M-Instruct: the template in ``chat_template.json`` and the
+  tokenizer config.
+- ``tiny-smolvlm2-hub``: SmolVLM2-*-Video-Instruct: ``SmolVLMForConditionalGeneration``, its
+  image processor (with ``video_sampling``), processor and video-aware template.
 - ``tiny-qwen2-vl-generation-config``: the preset plus sampling defaults in
   ``generation_config.json`` (greedy via ``top_k`` 1, as Qwen2-VL-Instruct ships, and
   ``max_new_tokens``).
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .build_steps import edit_json, write_hub_chat_template, write_json
+from .families.idefics3 import smolvlm2_hub, smolvlm_hub
 
 # llava-1.5's hub template, in its shape: role prefixes, the images of a turn first, then its
 # text parts; it reads content only as a list of parts.
@@ -150,6 +155,8 @@ HUB_LAYOUTS: dict[str, tuple[str, Callable[[Path], None]]] = {
     "tiny-llava-jinja": ("tiny-llava", _llava_jinja),
     "tiny-llava-no-template": ("tiny-llava", _drop_templates),
     "tiny-qwen2-vl-generation-config": ("tiny-qwen2-vl", _generation_config),
+    "tiny-smolvlm-hub": ("tiny-smolvlm", smolvlm_hub),
+    "tiny-smolvlm2-hub": ("tiny-smolvlm", smolvlm2_hub),
 }
 LAYOUT_NAMES: tuple[str, ...] = tuple(HUB_LAYOUTS)
 LAYOUT_VERSION = 2  # bump whenever a layout's edits change (invalidates caches)

@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from .build_steps import write_json
 from .families.gemma3 import GEMMA3_PRESETS, Gemma3PresetSpec
+from .families.idefics3 import IDEFICS3_PRESETS, Idefics3PresetSpec
 from .families.llava import LLAVA_PRESETS, PresetSpec
 from .families.llava_next import LLAVA_NEXT_PRESETS, LlavaNextPresetSpec
 from .families.llava_onevision import ONEVISION_PRESETS, OnevisionPresetSpec
@@ -39,7 +40,12 @@ BIAS_STD = 0.02
 MARKER_FILE = "mmserve_preset.json"
 
 AnySpec = (
-    PresetSpec | Qwen2VLPresetSpec | OnevisionPresetSpec | LlavaNextPresetSpec | Gemma3PresetSpec
+    PresetSpec
+    | Qwen2VLPresetSpec
+    | OnevisionPresetSpec
+    | LlavaNextPresetSpec
+    | Gemma3PresetSpec
+    | Idefics3PresetSpec
 )
 
 PRESETS: dict[str, AnySpec] = {
@@ -50,6 +56,7 @@ PRESETS: dict[str, AnySpec] = {
     **ONEVISION_PRESETS,
     **LLAVA_NEXT_PRESETS,
     **GEMMA3_PRESETS,
+    **IDEFICS3_PRESETS,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 

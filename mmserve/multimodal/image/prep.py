@@ -32,6 +32,7 @@ from mmserve.multimodal.image.fast import (
     fast_image_processor,
 )
 from mmserve.multimodal.image.fast_anyres import AnyresImageProcessing
+from mmserve.multimodal.image.idefics3 import IDEFICS3_ARCHITECTURES, hf_tiles, tile_inputs
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.policy import MediaFetchPolicy
@@ -123,13 +124,16 @@ class ImageInputs:
     processor runs); ``inputs`` turns that into the model's image data and its embedding
     count. ``image_text`` (Gemma 3): see ``ImageText``. ``multi_image``: the glue for each
     image of a prompt with several, where the family has such a mode (LLaVA-OneVision: base
-    resolution only); None: each is prepared as a lone image."""
+    resolution only); None: each is prepared as a lone image. ``tiled_text`` (SmolVLM): the
+    processor writes each image's tiles into the prompt text, one item per image
+    (``image.idefics3.TiledImageExpander``)."""
 
     hf: Callable[[Any, Image.Image], Any]
     inputs: Callable[[Any, Any, ModelConfig], tuple[Any, int]]
     image_text: Callable[[Any, ModelConfig], ImageText] | None = None
     multi_image: ImageInputs | None = None
     fast: Callable[[FastImageProcessing], FastCall | None] = _fast_call
+    tiled_text: bool = False
 
 
 ONEVISION_MULTI_IMAGE = ImageInputs(hf_base_only, base_only_inputs, fast=_fast_base_only)
@@ -145,6 +149,9 @@ IMAGE_INPUTS = {
     ),
     "LlavaNextForConditionalGeneration": ImageInputs(hf_anyres, anyres_inputs),
     "Gemma3ForConditionalGeneration": ImageInputs(_hf_gemma3, _gemma3_inputs, _gemma3_image_text),
+    **{
+        arch: ImageInputs(hf_tiles, tile_inputs, tiled_text=True) for arch in IDEFICS3_ARCHITECTURES
+    },
 }
 
 
