@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.server_process import free_port
+from tests.support.server import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(

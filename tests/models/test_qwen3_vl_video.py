@@ -221,7 +221,7 @@ def test_encoded_video_is_sampled_as_transformers_samples(ref):
     from mmserve.multimodal.video.decode import decode_video
     from mmserve.multimodal.video.qwen3 import Qwen3VideoSampling
     from mmserve.multimodal.video.sampling import VideoSampling
-    from tests.video_helpers import make_video
+    from tests.support.video import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps: 4 frames at 2 fps
     assert Qwen3VideoSampling().indices(12, 6.0) == [0, 4, 7, 11]
@@ -245,7 +245,7 @@ def test_engine_sampling_above_the_checkpoint_is_applied_once(ref, sampling, enc
     the decoder) and frames given decoded alike."""
     from mmserve.multimodal.video.decode import decode_video
     from mmserve.multimodal.video.sampling import VideoSampling
-    from tests.video_helpers import make_video
+    from tests.support.video import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
     every = decode_video(data, VideoSampling(fps=None, num_frames=12))
@@ -267,7 +267,7 @@ def test_request_sampling_is_applied_once(ref, encoded):
     arguments; the next request without them gets the checkpoint's 2 fps again."""
     from mmserve.multimodal.video.decode import decode_video
     from mmserve.multimodal.video.sampling import VideoSampling
-    from tests.video_helpers import make_video
+    from tests.support.video import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
     every = decode_video(data, VideoSampling(fps=None, num_frames=12))

@@ -27,7 +27,7 @@ from mmserve.multimodal.video.memo import PreparedVideoMemo
 from mmserve.multimodal.workers import MediaWorkers
 from tests.bait_server import BaitServer
 from tests.multimodal.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
-from tests.video_helpers import frame_index, make_video
+from tests.support.video import frame_index, make_video
 
 VIDEO = make_video(90, 30)  # 3 s at 30 fps, 64x48
 VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(VIDEO).decode()

@@ -30,7 +30,7 @@ from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTO
 from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
 from tests.conftest import make_image  # noqa: E402
 from tests.openai_server import serve_model  # noqa: E402
-from tests.video_chat import VIDEO_PRESETS, offline_answer, served_answer  # noqa: E402
+from tests.support.video_chat import VIDEO_PRESETS, offline_answer, served_answer  # noqa: E402
 
 MODEL = "tiny-llava"
 REPLICAS = 2

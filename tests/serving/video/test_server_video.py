@@ -21,7 +21,7 @@ from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.tiny import resolve_model_path
 from tests.bait_server import BaitServer
 from tests.openai_server import openai_client, serve_model
-from tests.video_helpers import frame_index, make_video
+from tests.support.video import frame_index, make_video
 
 MODEL = "tiny-qwen2-vl"
 VIDEO = make_video(90, 30)

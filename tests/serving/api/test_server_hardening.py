@@ -18,8 +18,8 @@ from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.completions import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.bait_server import BaitServer
-from tests.server_process import free_port
-from tests.serving.test_server import png_url, scrape, wait_idle
+from tests.serving.api.test_server import png_url, scrape, wait_idle
+from tests.support.server import free_port
 
 API_KEY = "hardening-key"
 MODEL = "tiny-llava"

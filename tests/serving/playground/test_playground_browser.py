@@ -21,7 +21,7 @@ import pytest
 from mmserve.entrypoints.openai.server import RunningServer
 from tests.conftest import make_image
 from tests.openai_server import serve_model
-from tests.video_helpers import make_video
+from tests.support.video import make_video
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -35,7 +35,7 @@ if not (CHROMIUM and CHROMEDRIVER) and not REQUIRED:
 
 KEY = "browser-key"
 ARTIFACTS = Path(
-    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[3] / "test-artifacts")
 )
 CACHED = {"prefix_cache", "encoder_cache", "encoder_store"}
 

@@ -12,7 +12,7 @@ import pytest
 
 from mmserve.entrypoints.openai.server import RunningServer
 from tests.openai_server import serve_model
-from tests.serving.test_server_video import TEMPLATE, VIDEO, VIDEO_URL, video_messages
+from tests.serving.video.test_server_video import TEMPLATE, VIDEO, VIDEO_URL, video_messages
 
 MODEL = "tiny-qwen3-vl"
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 
 from tests.openai_server import serve_model
-from tests.video_chat import VIDEO_PRESETS, offline_answer, served_answer
+from tests.support.video_chat import VIDEO_PRESETS, offline_answer, served_answer
 
 
 @pytest.mark.parametrize("model", VIDEO_PRESETS)
