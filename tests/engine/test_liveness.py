@@ -13,7 +13,8 @@ from mmserve import LLM, SamplingParams
 from mmserve.engine.front.async_engine import AsyncLLMEngine, EngineStepError
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
-from tests.conftest import assert_no_leaks, make_image
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 LLAVA_3 = "USER: <image>\n<image>\n<image>\nWhat differs? ASSISTANT:"
