@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve.core.block_hash import BlockHasher, block_image_keys
-from tests.core_helpers import make_request
+from tests.support.scheduler import make_request
 
 BS = 16
 

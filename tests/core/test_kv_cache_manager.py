@@ -6,7 +6,7 @@ import pytest
 
 from mmserve.core.block_pool import BlockPool
 from mmserve.core.kv_cache_manager import KVCacheManager
-from tests.core_helpers import make_request
+from tests.support.scheduler import make_request
 
 BS = 16
 

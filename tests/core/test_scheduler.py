@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mmserve.request import RequestStatus
-from tests.core_helpers import (
+from tests.support.scheduler import (
     assert_all_free,
     fake_step,
     make_request,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve.request import Request
-from tests.core_helpers import assert_all_free, fake_step, make_request, make_scheduler
+from tests.support.scheduler import assert_all_free, fake_step, make_request, make_scheduler
 
 LAYOUT: list[int | tuple[str, int]] = [5, ("img", 40), 30]  # 75 prompt tokens
 

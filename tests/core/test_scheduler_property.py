@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from mmserve.core.outputs import ModelRunnerOutput
 from mmserve.request import RequestStatus
-from tests.core_helpers import assert_all_free, make_request, make_scheduler
+from tests.support.scheduler import assert_all_free, make_request, make_scheduler
 
 IMAGES = {"a": 24, "b": 40, "c": 16, "d": 30}
 

@@ -11,7 +11,7 @@ from mmserve.core.encoder_scheduling import plan_encoder_inputs
 from mmserve.core.outputs import ModelRunnerOutput, SchedulerOutput
 from mmserve.core.scheduler import Scheduler
 from tests.core.test_scheduler_property import check_invariants
-from tests.core_helpers import fake_step, make_request, make_scheduler, run_to_completion
+from tests.support.scheduler import fake_step, make_request, make_scheduler, run_to_completion
 
 
 def with_stored(request, *indices: int):

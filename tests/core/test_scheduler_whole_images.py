@@ -5,7 +5,7 @@ starts inside one after a prefix hit."""
 from __future__ import annotations
 
 from mmserve.request import RequestStatus
-from tests.core_helpers import fake_step, make_request, make_scheduler, run_to_completion
+from tests.support.scheduler import fake_step, make_request, make_scheduler, run_to_completion
 
 
 def test_no_chunk_ends_inside_an_image():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve import LLM, SamplingParams
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 BS = 16

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from mmserve import LLM, SamplingParams
-from tests.conftest import Reference, assert_no_leaks
 from tests.models.test_qwen2_vl import QwenReference, chat_prompt
+from tests.support.engine import assert_no_leaks
+from tests.support.references import Reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from mmserve import LLM, SamplingParams
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve import LLM, SamplingParams
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 MAX_NEW = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)

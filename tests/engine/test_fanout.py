@@ -9,7 +9,7 @@ import pytest
 from mmserve import LLM, SamplingParams
 from mmserve.engine.output.fanout import child_id
 from mmserve.inputs import PromptInput
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 BS = 16
 PROMPT = "USER: <image>\nWhat is in the picture? ASSISTANT:"

@@ -13,7 +13,8 @@ from mmserve import LLM, SamplingParams
 from mmserve.engine.front.async_engine import AsyncLLMEngine, EngineStepError
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
-from tests.conftest import assert_no_leaks, make_image
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 LLAVA_3 = "USER: <image>\n<image>\n<image>\nWhat differs? ASSISTANT:"
@@ -196,7 +197,7 @@ def test_preemption_that_evicts_a_planned_hit_is_replanned():
     block; with the encoder cache off that release evicts A, so the plan must be recomputed (on
     ea3ac14 the stale hit was committed and ``schedule()`` raised KeyError half-applied)."""
     from mmserve.core.outputs import ModelRunnerOutput
-    from tests.core_helpers import assert_all_free, make_request, make_scheduler
+    from tests.support.scheduler import assert_all_free, make_request, make_scheduler
 
     sched = make_scheduler(
         num_blocks=2, block_size=8, budget=8, encoder_budget=16, encoder_capacity=16
@@ -390,7 +391,7 @@ def test_a_failure_outside_any_request_raises_instead_of_recursing(abc, monkeypa
 
 def test_rollback_of_a_step_other_than_the_last_is_refused():
     from mmserve.core.outputs import ModelRunnerOutput
-    from tests.core_helpers import make_request, make_scheduler
+    from tests.support.scheduler import make_request, make_scheduler
 
     sched = make_scheduler()
     sched.add_request(make_request("r", [20]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve import LLM, SamplingParams
-from tests.openai_server import image_messages
+from tests.support.server import image_messages
 
 ONE_TOKEN = SamplingParams(temperature=0, max_tokens=1)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]

@@ -11,7 +11,7 @@ from mmserve.core.outputs import ModelRunnerOutput
 from mmserve.engine.output.media_usage import summarize_media
 from mmserve.inputs import MultiModalItem, VideoGroup
 from mmserve.request import EmbeddingSource
-from tests.core_helpers import make_request, make_scheduler, run_to_completion
+from tests.support.scheduler import make_request, make_scheduler, run_to_completion
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)
 # the question is longer than a KV block: a repeat's prefix hit covers the whole image

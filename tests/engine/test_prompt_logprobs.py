@@ -9,7 +9,7 @@ import torch
 from mmserve import LLM, SamplingParams
 from mmserve.request import Request
 from mmserve.sampling_params import TokenLogprobs
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 PROMPT = "USER: <image>\nWhat is in the picture? ASSISTANT:"
 

@@ -8,8 +8,8 @@ import pytest
 
 from mmserve import LLM, SamplingParams
 from mmserve.engine.output.detokenizer import Detokenizer
-from tests.conftest import assert_no_leaks
-from tests.core_helpers import fake_step, make_request, make_scheduler
+from tests.support.engine import assert_no_leaks
+from tests.support.scheduler import fake_step, make_request, make_scheduler
 
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmserve import LLM, SamplingParams
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 PROMPT = "USER: Tell me a story about a red cube. ASSISTANT:"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -16,8 +15,8 @@ from mmserve import SamplingParams
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from mmserve.models.tiny import PRESET_NAMES
-from tests.conftest import make_image
-from tests.openai_server import image_messages, serve_model
+from tests.support.images import make_image
+from tests.support.server import image_messages
 
 FAMILIES = sorted(name for name in PRESET_NAMES if not name.endswith("-small"))
 PROMPTS = {
@@ -87,25 +86,20 @@ def test_an_engine_refusing_the_large_image_warms_up_with_a_smaller_one_or_text(
     assert no_image_fits.warm_up().images_encoded == 0
 
 
-@contextmanager
-def _server(*flags: str):
-    yield from serve_model("tiny-llava", *flags)
-
-
 def _children() -> set[int]:
     return {p.pid for p in multiprocessing.active_children()}
 
 
 @pytest.mark.parametrize("warm", [True, False])
 def test_the_server_is_warm_before_it_accepts_a_connection(
-    warm: bool, caplog: pytest.LogCaptureFixture
+    warm: bool, caplog: pytest.LogCaptureFixture, serve_model
 ) -> None:
     """With the warm-up, the media worker and the JSON guard's helper processes exist before
     the first request, and the log says what the warm-up took; --skip-server-warmup leaves
     them to the first image."""
     before = _children()
     flags = ("--media-workers", "1") if warm else ("--media-workers", "1", "--skip-server-warmup")
-    with caplog.at_level(logging.INFO), _server(*flags) as server:
+    with caplog.at_level(logging.INFO), serve_model("tiny-llava", *flags) as server:
         started = _children() - before
         body = {"model": "tiny-llava", "messages": image_messages(1), "max_tokens": 2}
         r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)

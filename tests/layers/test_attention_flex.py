@@ -9,7 +9,7 @@ import torch
 
 from mmserve import LLM, SamplingParams
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 BS, KVH, H, D = 4, 2, 4, 16
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from mmserve.models.tiny import resolve_model_path
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 MODEL = "tiny-gemma3"
 IMAGE_TOKENS = 16  # mm_tokens_per_image of the preset

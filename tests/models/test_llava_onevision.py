@@ -25,8 +25,9 @@ from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.families.llava_onevision import load_onevision_processor
 from mmserve.multimodal.budget import compute_encoder_budget
 from mmserve.multimodal.image.anyres import AnyresGeometry, anyres_inputs, hf_anyres
-from tests.conftest import assert_no_leaks, make_image
-from tests.openai_server import image_messages, openai_client, serve_model
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
+from tests.support.server import image_messages, openai_client
 
 MODEL = "tiny-llava-onevision"
 NEXT = "tiny-llava-next"
@@ -264,7 +265,7 @@ def test_hub_layout_and_chat_template(imgs):
     assert out.outputs[0].token_ids == ref.greedy(prompt, [imgs[1]])
 
 
-def test_server_chat_with_two_images():
+def test_server_chat_with_two_images(serve_model):
     """Through a real server on 127.0.0.1 (data URLs, the admission pools): the hub template,
     the placeholder expansion and the greedy answer are transformers'."""
     messages = image_messages(3, SIZES[2])
@@ -273,7 +274,7 @@ def test_server_chat_with_two_images():
     prompt = chat_prompt(2, "What is in the picture?")
     ref = reference(MODEL)
     expected = ref.greedy(prompt, pil)
-    for srv in serve_model(MODEL):
+    with serve_model(MODEL) as srv:
         resp = openai_client(srv).chat.completions.create(
             model=MODEL, messages=messages, max_tokens=MAX_NEW, temperature=0
         )

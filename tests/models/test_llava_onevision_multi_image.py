@@ -17,8 +17,9 @@ from mmserve.engine.setup.loading import build_model_config
 from mmserve.inputs import PromptInput
 from mmserve.models.registry import resolve_architecture
 from mmserve.multimodal.image.anyres import AnyresGeometry
-from tests.conftest import assert_no_leaks, make_image
 from tests.models.test_llava_onevision import MODEL, reference
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)

@@ -30,8 +30,9 @@ from mmserve.multimodal.video.onevision import (
     preprocess_onevision_video,
 )
 from mmserve.multimodal.video.prep import video_frames
-from tests.conftest import assert_no_leaks, make_image
-from tests.video_helpers import make_video
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
+from tests.support.video import make_video
 
 MODEL = "tiny-llava-onevision"
 GREEDY = SamplingParams(temperature=0, max_tokens=16)

@@ -12,7 +12,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 
 from mmserve import LLM, SamplingParams
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
-from tests.conftest import assert_no_leaks, engine_device, make_image
+from tests.support.engine import assert_no_leaks, engine_device
+from tests.support.images import make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
 MAX_NEW = 24

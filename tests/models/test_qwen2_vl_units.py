@@ -21,7 +21,7 @@ from mmserve.layers.mrope import MRotaryEmbedding, mrope_positions
 from mmserve.models.qwen2_vl import ImageLimits, max_image_tokens
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, build_preset, count_parameters
 from mmserve.multimodal.budget import compute_encoder_budget
-from tests.conftest import make_image
+from tests.support.images import make_image
 
 MODEL = "tiny-qwen2-vl"
 DEFAULT_LIMITS = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}  # released Qwen2-VL

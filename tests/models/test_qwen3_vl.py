@@ -14,8 +14,9 @@ from mmserve import LLM, SamplingParams
 from mmserve.layers.mrope_interleaved import InterleavedMRotaryEmbedding
 from mmserve.models.qwen3_vl_text import Qwen3VLTextModel
 from mmserve.models.tiny import count_parameters
-from tests.conftest import assert_no_leaks, make_image
 from tests.models.test_qwen2_vl import PAD, QwenReference, chat_prompt, check_parity
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 MODEL = "tiny-qwen3-vl"
 GREEDY = SamplingParams(temperature=0, max_tokens=24)

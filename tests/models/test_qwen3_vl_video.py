@@ -28,8 +28,9 @@ from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.video.prep import video_frames
 from mmserve.multimodal.video.qwen2_vl import preprocess_video
 from mmserve.multimodal.video.qwen3 import load_qwen3_video_settings
-from tests.conftest import assert_no_leaks, make_image
 from tests.models.test_qwen_video import GREEDY, IMAGE, VIDEO, check, make_frames, prompt
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 MODEL = "tiny-qwen3-vl"
 IMAGE_PAD = QWEN_SPECIAL_TOKEN_IDS["<|image_pad|>"]
@@ -221,7 +222,7 @@ def test_encoded_video_is_sampled_as_transformers_samples(ref):
     from mmserve.multimodal.video.decode import decode_video
     from mmserve.multimodal.video.qwen3 import Qwen3VideoSampling
     from mmserve.multimodal.video.sampling import VideoSampling
-    from tests.video_helpers import make_video
+    from tests.support.video import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps: 4 frames at 2 fps
     assert Qwen3VideoSampling().indices(12, 6.0) == [0, 4, 7, 11]
@@ -245,7 +246,7 @@ def test_engine_sampling_above_the_checkpoint_is_applied_once(ref, sampling, enc
     the decoder) and frames given decoded alike."""
     from mmserve.multimodal.video.decode import decode_video
     from mmserve.multimodal.video.sampling import VideoSampling
-    from tests.video_helpers import make_video
+    from tests.support.video import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
     every = decode_video(data, VideoSampling(fps=None, num_frames=12))
@@ -267,7 +268,7 @@ def test_request_sampling_is_applied_once(ref, encoded):
     arguments; the next request without them gets the checkpoint's 2 fps again."""
     from mmserve.multimodal.video.decode import decode_video
     from mmserve.multimodal.video.sampling import VideoSampling
-    from tests.video_helpers import make_video
+    from tests.support.video import make_video
 
     data = make_video(12, 6, (128, 96))  # 2 s at 6 fps
     every = decode_video(data, VideoSampling(fps=None, num_frames=12))

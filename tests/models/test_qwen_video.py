@@ -19,7 +19,8 @@ from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.video.prep import video_frames
 from mmserve.multimodal.video.qwen2_vl import load_video_settings, preprocess_video
-from tests.conftest import assert_no_leaks, make_image
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16)

@@ -26,7 +26,7 @@ from mmserve.multimodal.image.fast_pixels import FAST_RESIZE_MAX_LEVELS
 from mmserve.multimodal.image.fast_qwen2_vl import Qwen2VLImageProcessing
 from mmserve.multimodal.image.prep import PREPROCESSING_ENV, ImagePreparer
 from mmserve.multimodal.workers import MediaWorkers
-from tests.conftest import make_image
+from tests.support.images import make_image
 
 SIZES = [(1280, 720), (720, 1280), (1920, 1080), (96, 80), (30, 20), (1, 1), (500, 3)]
 MODES = ["RGB", "RGBA", "L", "P", "P+transparency", "LA", "RGB+transparency", "I;16"]

@@ -17,7 +17,7 @@ from mmserve.engine.admission.pipeline import AdmissionExecutors, AdmissionPipel
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
-from tests.conftest import make_image
+from tests.support.images import make_image
 
 
 def jpeg_bytes(seed: int) -> bytes:

@@ -11,8 +11,9 @@ from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from mmserve.inputs import PromptInput
-from tests.conftest import assert_no_leaks, make_image
 from tests.models.test_qwen2_vl import PAD, QwenReference, chat_prompt
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
 
 MODEL = "tiny-qwen2-vl"
 GREEDY = SamplingParams(temperature=0, max_tokens=12)

@@ -14,7 +14,7 @@ import pytest
 from mmserve.multimodal.media.limits import VideoTooLargeError
 from mmserve.multimodal.video.decode import VideoLimits, decode_video
 from mmserve.multimodal.video.sampling import VideoSampling
-from tests.video_helpers import frame_index, hf_sample_frames, make_video
+from tests.support.video import frame_index, hf_sample_frames, make_video
 
 HF_SAMPLE = hf_sample_frames()
 TOTALS = (2, 3, 4, 5, 7, 8, 9, 16, 30, 31, 89, 90, 91, 97, 299, 301, 1000, 1799, 5000, 10007)

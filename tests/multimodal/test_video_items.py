@@ -29,7 +29,7 @@ from mmserve.multimodal.video.prep import prepare_video, video_frames
 from mmserve.multimodal.video.qwen2_vl import load_video_settings, preprocess_video
 from mmserve.multimodal.video.sampling import VideoSampling
 from mmserve.multimodal.video.source import VideoLoader
-from tests.conftest import make_image
+from tests.support.images import make_image
 
 MODELS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl"]
 IMAGE_PAD = QWEN_SPECIAL_TOKEN_IDS["<|image_pad|>"]

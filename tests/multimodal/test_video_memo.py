@@ -21,7 +21,7 @@ from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.video import source as video_source
 from mmserve.multimodal.workers import MediaWorkers
-from tests.video_helpers import make_video
+from tests.support.video import make_video
 
 VIDEO = make_video(90, 30)  # 3 s at 30 fps, 64x48
 VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(VIDEO).decode()

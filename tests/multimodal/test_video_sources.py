@@ -25,9 +25,8 @@ from mmserve.multimodal.media.limits import ImageTooLargeError, VideoTooLargeErr
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.video.memo import PreparedVideoMemo
 from mmserve.multimodal.workers import MediaWorkers
-from tests.bait_server import BaitServer
 from tests.multimodal.test_media_fetch import loopback_only  # noqa: F401 (autouse: no real network)
-from tests.video_helpers import frame_index, make_video
+from tests.support.video import frame_index, make_video
 
 VIDEO = make_video(90, 30)  # 3 s at 30 fps, 64x48
 VIDEO_URL = "data:video/mp4;base64," + base64.b64encode(VIDEO).decode()
@@ -79,7 +78,7 @@ def test_videos_have_their_own_byte_limit_and_messages(tmp_path: Path) -> None:
         fetcher.read_offline("data:video/mp4;base64,@@", "video")
 
 
-def test_video_urls_follow_the_ssrf_policy() -> None:
+def test_video_urls_follow_the_ssrf_policy(bait) -> None:
     seen: list[str] = []
     policy = MediaFetchPolicy(max_bytes=100, max_video_bytes=len(VIDEO))
     fetcher = MediaFetcher(policy, resolver=_public, transport=internet(VIDEO, seen))
@@ -88,11 +87,11 @@ def test_video_urls_follow_the_ssrf_policy() -> None:
     assert seen == [f"{PUBLIC_IP} videos.example"]  # sent to the checked address
     with pytest.raises(ImageTooLargeError):
         fetcher.load_blocking(url)  # the image limit still holds for images
-    with BaitServer() as bait:
-        for inward in (f"{bait.url}/clip.mp4", f"http://localhost:{bait.port}/clip.mp4"):
-            with pytest.raises(MediaFetchError, match=f"^could not fetch video from {inward}$"):
-                fetcher.load_blocking(inward, "video")
-        assert bait.connections == 0
+    before = bait.connections
+    for inward in (f"{bait.url}/clip.mp4", f"http://localhost:{bait.port}/clip.mp4"):
+        with pytest.raises(MediaFetchError, match=f"^could not fetch video from {inward}$"):
+            fetcher.load_blocking(inward, "video")
+    assert bait.connections == before
 
 
 def test_max_video_bytes_flag() -> None:
@@ -215,20 +214,20 @@ def test_http_videos_are_fetched_under_the_policy(engine: LLMEngine) -> None:
     assert indices(video) == [0, 15, 30, 45, 60, 75] and len(seen) == 1
 
 
-def test_counts_and_settings_are_checked_before_any_fetch(engine: LLMEngine) -> None:
-    with BaitServer() as bait:
-        loopback = MediaFetchPolicy(allowed_networks=("127.0.0.1/32",))
-        fetcher = MediaFetcher(loopback)
-        url = f"{bait.url}/clip.mp4"
-        with pytest.raises(ValueError, match="3 videos exceed the limit of 2 per prompt"):
-            admit(engine, [url] * 3, fetcher=fetcher)
-        for bad in ({"fps": 0}, {"fps": 1, "num_frames": 4}, {"max_frames": 2, "min_frames": 4}):
-            with pytest.raises(ValueError, match="mm_processor_kwargs"):
-                admit(engine, [url], bad, fetcher=fetcher)
-        assert bait.connections == 0
-        with pytest.raises(MediaFetchError, match="could not fetch video from"):
-            admit(engine, [f"{bait.url}/missing.mp4"], fetcher=fetcher)  # 404: fetched, refused
-        assert bait.connections == 1
+def test_counts_and_settings_are_checked_before_any_fetch(engine: LLMEngine, bait) -> None:
+    before = bait.connections
+    loopback = MediaFetchPolicy(allowed_networks=("127.0.0.1/32",))
+    fetcher = MediaFetcher(loopback)
+    url = f"{bait.url}/clip.mp4"
+    with pytest.raises(ValueError, match="3 videos exceed the limit of 2 per prompt"):
+        admit(engine, [url] * 3, fetcher=fetcher)
+    for bad in ({"fps": 0}, {"fps": 1, "num_frames": 4}, {"max_frames": 2, "min_frames": 4}):
+        with pytest.raises(ValueError, match="mm_processor_kwargs"):
+            admit(engine, [url], bad, fetcher=fetcher)
+    assert bait.connections == before
+    with pytest.raises(MediaFetchError, match="could not fetch video from"):
+        admit(engine, [f"{bait.url}/missing.mp4"], fetcher=fetcher)  # 404: fetched, refused
+    assert bait.connections == before + 1
 
 
 def test_bad_videos_are_value_errors(engine: LLMEngine) -> None:

@@ -13,8 +13,7 @@ import sys
 import httpx
 import pytest
 
-from tests.openai_server import image_messages
-from tests.server_process import free_port, wait_until_healthy
+from tests.support.server import free_port, image_messages, wait_until_healthy
 
 pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
 

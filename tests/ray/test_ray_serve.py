@@ -28,9 +28,8 @@ from mmserve.entrypoints.ray.app import (  # noqa: E402
 from mmserve.entrypoints.ray.cluster_metrics import MIN_REFRESH_INTERVAL_S  # noqa: E402
 from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTOR  # noqa: E402
 from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
-from tests.conftest import make_image  # noqa: E402
-from tests.openai_server import serve_model  # noqa: E402
-from tests.video_chat import VIDEO_PRESETS, offline_answer, served_answer  # noqa: E402
+from tests.support.images import make_image  # noqa: E402
+from tests.support.video_chat import VIDEO_PRESETS, offline_answer, served_answer  # noqa: E402
 
 MODEL = "tiny-llava"
 REPLICAS = 2
@@ -66,8 +65,9 @@ def cluster() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def single() -> Iterator[RunningServer]:
-    yield from serve_model(MODEL, "--max-num-seqs", "8", "--media-workers", "0")
+def single(serve_model) -> Iterator[RunningServer]:
+    with serve_model(MODEL, "--max-num-seqs", "8", "--media-workers", "0") as srv:
+        yield srv
 
 
 def chat(base: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -258,22 +258,17 @@ def test_a_video_chat_answers_as_the_offline_api(cluster: str, model: str) -> No
 
 # ---- the shared encoder store (issue 17); last in this module: it replaces the app above ----
 @pytest.fixture(scope="module")
-def store_app(cluster: str) -> Iterator[str]:
+def store_app(cluster: str, module_redis_server) -> Iterator[str]:
     """The app again, its replicas sharing one real Redis L3 (redis-server on 127.0.0.1)."""
-    from tests.redis_server import REDIS_SERVER, redis_process
-
-    if REDIS_SERVER is None:
-        pytest.skip("no redis-server binary (apt-get install redis-server; .ci/run installs it)")
-    for redis in redis_process():
-        serve.delete("mmserve")
-        settings = {
-            **SETTINGS,
-            "encoder_store_redis": redis.url,
-            "encoder_store_secret": "ray-test-secret-0123456789",
-        }
-        app = build_app(namespace_from_config(settings))
-        serve.run(app, name="mmserve-store", route_prefix="/")
-        yield cluster
+    serve.delete("mmserve")
+    settings = {
+        **SETTINGS,
+        "encoder_store_redis": module_redis_server.url,
+        "encoder_store_secret": "ray-test-secret-0123456789",
+    }
+    app = build_app(namespace_from_config(settings))
+    serve.run(app, name="mmserve-store", route_prefix="/")
+    yield cluster
 
 
 def _kill_replica(replica: str) -> None:

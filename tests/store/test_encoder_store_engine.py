@@ -13,7 +13,7 @@ from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from mmserve.models.tiny import resolve_model_path
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"

@@ -13,9 +13,6 @@ import pytest
 
 from mmserve import LLM, SamplingParams
 from mmserve.store.redis_tier import KEY_PREFIX, RedisTier, TierUnavailable
-from tests.redis_server import RedisProcess, needs_redis, redis_process
-
-pytestmark = needs_redis
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
@@ -25,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FIRST_REPLICA = """
 import json, sys
 from mmserve import LLM, SamplingParams
-from tests.conftest import make_image
+from tests.support.images import make_image
 llm = LLM("tiny-llava", encoder_store_redis=sys.argv[1], encoder_store_secret=sys.argv[2])
 images = [make_image(0, (96, 80)), make_image(1, (64, 64))]
 outs = llm.generate([{"prompt": sys.argv[3], "images": [i]} for i in images],
@@ -34,8 +31,6 @@ llm.engine.close()
 print(json.dumps({"encoded": llm.get_metrics()["encoder_images_encoded"],
                   "answers": [o.outputs[0].token_ids for o in outs]}))
 """
-
-redis_server = pytest.fixture(redis_process)
 
 
 def ask(llm: LLM, images) -> list[list[int]]:
@@ -47,7 +42,7 @@ def replica(url: str, **kw) -> LLM:
     return LLM("tiny-llava", encoder_store_redis=url, encoder_store_secret=SECRET, **kw)
 
 
-def test_redis_tier_writes_once_refreshes_ttl_and_opens_its_circuit(redis_server: RedisProcess):
+def test_redis_tier_writes_once_refreshes_ttl_and_opens_its_circuit(redis_server):
     tier = RedisTier(redis_server.url, ttl_s=100, timeout_s=0.5, cooldown_s=60)
     assert tier.put("k", b"first") is True
     assert tier.put("k", b"second") is False  # SET NX: the first value stays
@@ -65,9 +60,7 @@ def test_redis_tier_writes_once_refreshes_ttl_and_opens_its_circuit(redis_server
         RedisTier("http://127.0.0.1:1", 10, 0.1)
 
 
-def test_a_second_engine_process_encodes_nothing_the_first_encoded(
-    redis_server: RedisProcess, images
-):
+def test_a_second_engine_process_encodes_nothing_the_first_encoded(redis_server, images):
     done = subprocess.run(
         [sys.executable, "-c", FIRST_REPLICA, redis_server.url, SECRET, PROMPT],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
@@ -85,7 +78,7 @@ def test_a_second_engine_process_encodes_nothing_the_first_encoded(
     assert metrics["encoder_images_encoded"] == 1 and metrics["encoder_store_mac_failures"] == 1
 
 
-def test_redis_killed_mid_run_every_request_is_answered(redis_server: RedisProcess, images):
+def test_redis_killed_mid_run_every_request_is_answered(redis_server, images):
     plain = ask(LLM("tiny-llava"), images)
     llm = replica(redis_server.url)
     assert ask(llm, images[:2]) == plain[:2]
@@ -97,7 +90,7 @@ def test_redis_killed_mid_run_every_request_is_answered(redis_server: RedisProce
     assert metrics["encoder_images_encoded"] == 4  # the first two were still in the cache
 
 
-def test_hanging_redis_costs_at_most_the_deadline(redis_server: RedisProcess, images):
+def test_hanging_redis_costs_at_most_the_deadline(redis_server, images):
     plain = ask(LLM("tiny-llava"), images[:2])
     llm = replica(redis_server.url, encoder_store_timeout_ms=50)
     redis_server.pause()

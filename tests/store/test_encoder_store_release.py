@@ -11,7 +11,7 @@ import weakref
 from mmserve import LLM, SamplingParams
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
-from tests.conftest import assert_no_leaks
+from tests.support.engine import assert_no_leaks
 
 PROMPT = "USER: <image>\nWhat is it? ASSISTANT:"
 PROMPT_ABA = "USER: <image>\n<image>\n<image>\nWhat differs? ASSISTANT:"

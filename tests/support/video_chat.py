@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from mmserve import LLM, SamplingParams
-from tests.video_helpers import make_video
+from tests.support.video import make_video
 
 # each family that takes videos, as its tiny preset (the preset's own chat template)
 VIDEO_PRESETS = ["tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-llava-onevision"]

@@ -19,7 +19,7 @@ from mmserve.entrypoints.openai.server import (
     startup_summary,
 )
 from mmserve.version import package_version
-from tests.serving.test_server import chat_messages, png_url, scrape
+from tests.serving.api.test_server import chat_messages, png_url, scrape
 
 NAME = "my-llava"
 ARGV = ["serve", "tiny-llava", "--port", "0", "--served-model-name", NAME, "--max-model-len", "1k"]

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from mmserve.entrypoints.openai.server import RunningServer
-from tests.conftest import make_image
-from tests.openai_server import serve_model
-from tests.video_helpers import make_video
+from tests.support.images import make_image
+from tests.support.video import make_video
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -35,24 +34,28 @@ if not (CHROMIUM and CHROMEDRIVER) and not REQUIRED:
 
 KEY = "browser-key"
 ARTIFACTS = Path(
-    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+    os.environ.get("MMSERVE_TEST_ARTIFACTS", Path(__file__).parents[3] / "test-artifacts")
 )
 CACHED = {"prefix_cache", "encoder_cache", "encoder_store"}
 
 
 @pytest.fixture(scope="module")
-def open_server() -> Iterator[RunningServer]:
-    yield from serve_model("tiny-llava", "--host", "127.0.0.1")
+def open_server(serve_model) -> Iterator[RunningServer]:
+    with serve_model("tiny-llava", "--host", "127.0.0.1") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def keyed_server() -> Iterator[RunningServer]:
-    yield from serve_model("tiny-llava", "--host", "127.0.0.1", "--api-key", KEY)
+def keyed_server(serve_model) -> Iterator[RunningServer]:
+    with serve_model("tiny-llava", "--host", "127.0.0.1", "--api-key", KEY) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def video_server() -> Iterator[RunningServer]:
-    yield from serve_model("tiny-qwen2-vl-hub", "--host", "127.0.0.1")  # its template has videos
+def video_server(serve_model) -> Iterator[RunningServer]:
+    # its template has videos
+    with serve_model("tiny-qwen2-vl-hub", "--host", "127.0.0.1") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,22 @@ import httpx
 import pytest
 
 from mmserve.entrypoints.openai.server import RunningServer
-from tests.openai_server import serve_model
-from tests.serving.test_server_video import TEMPLATE, VIDEO, VIDEO_URL, video_messages
+from tests.serving.video.test_server_video import TEMPLATE, VIDEO, VIDEO_URL, video_messages
 
 MODEL = "tiny-qwen3-vl"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, serve_model) -> Iterator[RunningServer]:
     template = tmp_path_factory.mktemp("template") / "qwen3_vl.jinja"
     template.write_text(TEMPLATE)  # Qwen2-VL's content loop: Qwen3-VL's video placeholder too
-    yield from serve_model(
+    with serve_model(
         MODEL,
         "--limit-mm-per-prompt", '{"image": 1, "video": 1}',
         "--chat-template", str(template),
         "--max-video-bytes", str(len(VIDEO) + 100),
-    )  # fmt: skip
+    ) as srv:  # fmt: skip
+        yield srv
 
 
 def post(server: RunningServer, **extra: Any) -> httpx.Response:

@@ -15,14 +15,13 @@ from transformers.vision_utils import get_vision_window_index
 
 from mmserve.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from mmserve.models.vision.qwen2_5_vl import window_layout
-from tests.tower_helpers import qwen_tower_pair
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 MODEL = "tiny-qwen2.5-vl"
 
 
 @pytest.fixture(scope="module")
-def qwen():
+def qwen(qwen_tower_pair):
     return qwen_tower_pair(MODEL, Qwen2_5_VLForConditionalGeneration, HFQwen2_5_VL)
 
 

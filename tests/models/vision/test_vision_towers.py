@@ -25,7 +25,6 @@ from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from mmserve.models.tiny.presets import PRESETS, PresetSpec, randomize_weights
 from mmserve.models.vision.clip import layers_to_run, quick_gelu_
 from mmserve.models.vision.qwen2_vl import PatchEmbed, _equal_runs
-from tests.tower_helpers import qwen_tower_pair
 
 QWEN_TOL = {"rtol": 1e-4, "atol": 1e-4}
 CLIP_LAYERS = 3
@@ -155,7 +154,7 @@ def test_checkpoint_without_the_dropped_layers_loads(llava_ckpt, tmp_path):
 
 # ---- Qwen2-VL ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def qwen():
+def qwen(qwen_tower_pair):
     return qwen_tower_pair("tiny-qwen2-vl", Qwen2VLForConditionalGeneration, HFQwen2VL)
 
 

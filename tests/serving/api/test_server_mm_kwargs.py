@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from mmserve.entrypoints.openai.server import RunningServer
-from tests.openai_server import image_messages, openai_client, serve_model
+from tests.support.server import image_messages, openai_client
 
 MODEL = "tiny-qwen2-vl"
 
@@ -25,8 +25,9 @@ SMALL = {"max_pixels": 28 * 28 * 16}
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    yield from serve_model(MODEL)
+def server(serve_model) -> Iterator[RunningServer]:
+    with serve_model(MODEL) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,19 @@
-"""Vision-tower tests of the Qwen family: mmserve's model and transformers' on one preset."""
+"""Fixtures of the vision-tower tests: the Qwen family's towers, mmserve's and transformers'."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from mmserve.engine.setup.loading import build_model_config, load_image_processor
 from mmserve.multimodal.image.prep import IMAGE_INPUTS
-from tests.conftest import make_image
+from tests.support.images import make_image
 
 
-def qwen_tower_pair(preset: str, ours: type, theirs: Any) -> tuple[Any, Any, Callable]:
-    """(our model with the preset's weights, transformers' model, ``prepare(size, seed)``: the
-    image inputs of a test image as admission builds them)."""
+def _qwen_tower_pair(preset: str, ours: type, theirs: Any) -> tuple[Any, Any, Callable]:
     cfg = build_model_config(preset)
     model = ours(cfg.hf_config).eval()
     model.load_weights(cfg.path)
@@ -26,3 +25,11 @@ def qwen_tower_pair(preset: str, ours: type, theirs: Any) -> tuple[Any, Any, Cal
         return glue.inputs(glue.hf(proc, make_image(seed, size)), proc, cfg)[0]
 
     return model, hf, prepare
+
+
+@pytest.fixture(scope="session")
+def qwen_tower_pair() -> Callable[[str, type, Any], tuple[Any, Any, Callable]]:
+    """``qwen_tower_pair(preset, ours, theirs)``: (our model with the preset's weights,
+    transformers' model, ``prepare(size, seed)``: the image inputs of a test image as admission
+    builds them); a module's fixture builds the pair once for its tests."""
+    return _qwen_tower_pair

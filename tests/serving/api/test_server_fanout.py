@@ -14,15 +14,16 @@ from openai import OpenAI
 
 from mmserve import LLM, SamplingParams
 from mmserve.entrypoints.openai.server import RunningServer
-from tests.openai_server import image_messages, openai_client, serve_model
+from tests.support.server import image_messages, openai_client
 
 MODEL = "tiny-llava"
 TEXT = [{"role": "user", "content": "Tell me a story about a red cube."}]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    yield from serve_model(MODEL)
+def server(serve_model) -> Iterator[RunningServer]:
+    with serve_model(MODEL) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

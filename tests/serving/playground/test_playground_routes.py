@@ -14,14 +14,14 @@ from mmserve.entrypoints.openai.app import build_app
 from mmserve.entrypoints.openai.cli_args import http_policy
 from mmserve.entrypoints.openai.http.policy import HTTPPolicy
 from mmserve.entrypoints.openai.server import RunningServer
-from tests.openai_server import serve_model
 
 KEY = "page-key"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    yield from serve_model("tiny-llava", "--api-key", KEY, "--host", "127.0.0.1", "--ui")
+def server(serve_model) -> Iterator[RunningServer]:
+    with serve_model("tiny-llava", "--api-key", KEY, "--host", "127.0.0.1", "--ui") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize(

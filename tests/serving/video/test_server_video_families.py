@@ -3,16 +3,13 @@ the preset's own chat template: the answer the offline API gives."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 
-from tests.openai_server import serve_model
-from tests.video_chat import VIDEO_PRESETS, offline_answer, served_answer
+from tests.support.video_chat import VIDEO_PRESETS, offline_answer, served_answer
 
 
 @pytest.mark.parametrize("model", VIDEO_PRESETS)
-def test_a_video_chat_answers_as_the_offline_api(model: str) -> None:
+def test_a_video_chat_answers_as_the_offline_api(model: str, serve_model) -> None:
     expected = offline_answer(model)
-    with contextmanager(serve_model)(model) as server:
+    with serve_model(model) as server:
         assert served_answer(server.url, model) == expected

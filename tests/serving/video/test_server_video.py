@@ -19,9 +19,8 @@ from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages
 from mmserve.entrypoints.openai.server import RunningServer
 from mmserve.inputs import PromptInput, VideoFrames
 from mmserve.models.tiny import resolve_model_path
-from tests.bait_server import BaitServer
-from tests.openai_server import openai_client, serve_model
-from tests.video_helpers import frame_index, make_video
+from tests.support.server import openai_client
+from tests.support.video import frame_index, make_video
 
 MODEL = "tiny-qwen2-vl"
 VIDEO = make_video(90, 30)
@@ -47,21 +46,16 @@ def video_messages(*urls: str, text: str = "What happens?") -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def bait() -> Iterator[BaitServer]:
-    with BaitServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, serve_model) -> Iterator[RunningServer]:
     template = tmp_path_factory.mktemp("template") / "qwen2_vl.jinja"
     template.write_text(TEMPLATE)
-    yield from serve_model(
+    with serve_model(
         MODEL,
         "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
         "--chat-template", str(template),
         "--max-video-bytes", str(len(VIDEO) + 100),
-    )  # fmt: skip
+    ) as srv:  # fmt: skip
+        yield srv
 
 
 def post(server: RunningServer, messages: list[dict], **extra: Any) -> httpx.Response:
@@ -125,9 +119,7 @@ def test_decoded_frames_reach_the_engine(
     assert [frame_index(f) for f in decoded[-1].frames] == [0, 22, 45, 67]  # min_frames 4
 
 
-def test_video_count_and_settings_are_checked_before_any_fetch(
-    server: RunningServer, bait: BaitServer
-) -> None:
+def test_video_count_and_settings_are_checked_before_any_fetch(server: RunningServer, bait) -> None:
     url = f"{bait.url}/clip.mp4"
     reply = post(server, video_messages(url, url))
     assert reply.status_code == 400

@@ -17,9 +17,8 @@ import pytest
 from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.completions import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
-from tests.bait_server import BaitServer
-from tests.server_process import free_port
-from tests.serving.test_server import png_url, scrape, wait_idle
+from tests.serving.api.test_server import png_url, scrape, wait_idle
+from tests.support.server import free_port
 
 API_KEY = "hardening-key"
 MODEL = "tiny-llava"
@@ -33,13 +32,7 @@ def start(*extra: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def bait() -> Iterator[BaitServer]:
-    with BaitServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def server(bait: BaitServer) -> Iterator[RunningServer]:
+def server(bait) -> Iterator[RunningServer]:
     with start(
         "--api-key",
         API_KEY,
@@ -134,9 +127,7 @@ def test_limits_are_400s_naming_the_flag(
     assert flag in err["message"], (name, err)
 
 
-def test_images_over_the_limit_are_refused_before_any_fetch(
-    http: httpx.Client, bait: BaitServer
-) -> None:
+def test_images_over_the_limit_are_refused_before_any_fetch(http: httpx.Client, bait) -> None:
     urls = [f"{bait.url}/a.png", f"{bait.url}/b.png", f"{bait.url}/c.png"]
     err = error_of(http.post(CHAT, json=image_chat(*urls)), 400)
     assert "limit" in err["message"]
@@ -262,7 +253,7 @@ def test_overload_answer_has_retry_after() -> None:
 
 
 # ---- media fetching through the server ---------------------------------------------------------
-def test_internal_urls_refused_with_one_message(http: httpx.Client, bait: BaitServer) -> None:
+def test_internal_urls_refused_with_one_message(http: httpx.Client, bait) -> None:
     closed_port = free_port()  # nothing listens there
     urls = [
         f"{bait.url}/image.png",
@@ -285,7 +276,7 @@ def test_internal_urls_refused_with_one_message(http: httpx.Client, bait: BaitSe
 
 
 @pytest.fixture(scope="module")
-def fetching_server(bait: BaitServer) -> Iterator[RunningServer]:
+def fetching_server(bait) -> Iterator[RunningServer]:
     with start(
         "--allowed-media-networks",
         "127.0.0.1/32",
@@ -297,7 +288,7 @@ def fetching_server(bait: BaitServer) -> Iterator[RunningServer]:
         yield srv
 
 
-def test_private_networks_opt_in(fetching_server: RunningServer, bait: BaitServer) -> None:
+def test_private_networks_opt_in(fetching_server: RunningServer, bait) -> None:
     url = f"{fetching_server.url}{CHAT}"
     ok = httpx.post(url, json=image_chat(f"{bait.url}/image.png"), timeout=30)
     assert ok.status_code == 200, ok.text
@@ -305,7 +296,7 @@ def test_private_networks_opt_in(fetching_server: RunningServer, bait: BaitServe
     error_of(httpx.post(url, json=metadata, timeout=30), 400)
 
 
-def test_redirect_out_of_the_allowed_domains_is_refused(bait: BaitServer) -> None:
+def test_redirect_out_of_the_allowed_domains_is_refused(bait) -> None:
     with start(
         "--allowed-media-networks", "127.0.0.1/32", "--allowed-media-domains", "images.test"
     ) as srv:
@@ -326,7 +317,7 @@ def test_redirect_out_of_the_allowed_domains_is_refused(bait: BaitServer) -> Non
 
 
 def test_drip_urls_do_not_starve_others_and_disconnects_cancel_fetches(
-    fetching_server: RunningServer, bait: BaitServer
+    fetching_server: RunningServer, bait
 ) -> None:
     url = f"{fetching_server.url}{CHAT}"
     abandoned = bait.drips_abandoned

@@ -15,15 +15,14 @@ from transformers import Qwen3VLForConditionalGeneration as HFQwen3VL
 from mmserve.engine.setup.loading import build_model_config, load_image_processor
 from mmserve.models.qwen3_vl import Qwen3VLForConditionalGeneration
 from mmserve.multimodal.image.fast import fast_image_processor
-from tests.conftest import make_image
-from tests.tower_helpers import qwen_tower_pair
+from tests.support.images import make_image
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 MODEL = "tiny-qwen3-vl"
 
 
 @pytest.fixture(scope="module")
-def qwen():
+def qwen(qwen_tower_pair):
     return qwen_tower_pair(MODEL, Qwen3VLForConditionalGeneration, HFQwen3VL)
 
 

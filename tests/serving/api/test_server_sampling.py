@@ -15,15 +15,16 @@ from mmserve import LLM, SamplingParams
 from mmserve.entrypoints.openai.completions.protocol import ChatCompletionRequest, CompletionRequest
 from mmserve.entrypoints.openai.completions.request_fields import REFUSED_CHAT, REFUSED_COMPLETION
 from mmserve.entrypoints.openai.server import RunningServer
-from tests.openai_server import openai_client, serve_model
+from tests.support.server import openai_client
 
 MODEL = "tiny-llava"
 MESSAGES = [{"role": "user", "content": "Tell me a story about a red cube."}]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    yield from serve_model(MODEL)
+def server(serve_model) -> Iterator[RunningServer]:
+    with serve_model(MODEL) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

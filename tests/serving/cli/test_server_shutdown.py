@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from tests.server_process import free_port, wait_until_healthy
+from tests.support.server import free_port, wait_until_healthy
 
 CLI = [sys.executable, "-m", "mmserve.cli"]
 SHUTDOWN_TIMEOUT_S = 2.0
