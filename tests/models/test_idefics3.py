@@ -11,8 +11,9 @@ from PIL import Image
 
 from mmserve import LLM, SamplingParams
 from mmserve.models.tiny import resolve_model_path
-from tests.conftest import assert_no_leaks, make_image
-from tests.openai_server import image_messages, openai_client, serve_model
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
+from tests.support.server import image_messages, openai_client
 
 MODEL = "tiny-smolvlm"
 MAX_NEW = 24
@@ -179,12 +180,12 @@ def test_chat_matches_apply_chat_template(ref, imgs):
     assert out.outputs[0].token_ids == want[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def test_server_chat_completion(ref):
+def test_server_chat_completion(ref, serve_model):
     messages = image_messages(3, SIZES[2])
     pil = [make_image(3, SIZES[2])]
     prompt = turn("What is in the picture?", 1)
     expected = ref.greedy(prompt, pil)
-    for srv in serve_model(MODEL):
+    with serve_model(MODEL) as srv:
         resp = openai_client(srv).chat.completions.create(
             model=MODEL, messages=messages, max_tokens=MAX_NEW, temperature=0
         )

@@ -30,7 +30,7 @@ from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.presets import randomize_weights
 from mmserve.models.vision.idefics3 import Idefics3VisionTower, full_tile_position_ids
 from mmserve.multimodal.image.idefics3 import tile_text
-from tests.conftest import make_image
+from tests.support.images import make_image
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
 
