@@ -50,12 +50,13 @@ class EngineArgs:
         "tiny-llava", "preset name, HF checkpoint dir or hub model ID (ORG/NAME)"
     )
     revision: str | None = arg_field(
-        None, "hub model IDs: the branch, tag or commit to download (default: the repository's"
-        " default branch)",
+        None, "hub model IDs: the branch, tag or commit to download (None: the repository's"
+        " default branch; a private or gated repository needs $HF_TOKEN)",
     )  # fmt: skip
     download_dir: str | None = arg_field(
-        None, "hub model IDs: the cache directory to download into and load from (default:"
-        " huggingface_hub's cache, $HF_HUB_CACHE or $HF_HOME/hub)", metavar="DIR",
+        None, "hub model IDs: the cache directory to download into and load from (None:"
+        " huggingface_hub's cache, $HF_HUB_CACHE or $HF_HOME/hub; with $HF_HUB_OFFLINE=1 only"
+        " the cache is read)", metavar="DIR",
     )  # fmt: skip
     dtype: str = env_arg_field(
         "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is float32 on CPU (the compiled"

@@ -126,13 +126,14 @@ def test_an_unreachable_endpoint_is_one_line(
     )
 
 
-def test_offline_serves_the_cache_and_names_what_is_missing(
+def test_offline_or_unreachable_uses_the_cache_and_names_what_is_missing(
     hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     home = tmp_path / "hf"
     online = resolve_model_path_with(monkeypatch, hub.url, home, offline=False)
     seen = len(hub.requests)
     assert resolve_model_path_with(monkeypatch, dead_endpoint(), home, offline=True) == online
+    assert resolve_model_path_with(monkeypatch, dead_endpoint(), home, offline=False) == online
     assert len(hub.requests) == seen
     use_hub(monkeypatch, hub.url, tmp_path / "empty", offline=True)
     with pytest.raises(ValueError) as info:
@@ -174,3 +175,10 @@ def test_allow_patterns_cover_the_files_a_checkpoint_is_read_from(local_dir: Pat
     kept = set(filter_repo_objects(names, allow_patterns=list(HUB_FILE_PATTERNS)))
     assert kept == set(names) - {"mmserve_preset.json"}
     assert not set(filter_repo_objects(list(EXTRA_FILES), allow_patterns=list(HUB_FILE_PATTERNS)))
+
+
+def test_bench_reads_hub_ids_like_any_model(cache: Path, local_dir: Path) -> None:
+    from mmserve.bench.lib.runners import architecture, model_max_len
+
+    assert architecture("org/tiny") == architecture(str(local_dir))
+    assert model_max_len("org/tiny") == model_max_len(str(local_dir))

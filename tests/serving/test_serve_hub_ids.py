@@ -27,7 +27,8 @@ from tests.models.hub_fake import (
     use_hub,
 )
 
-SERVE = ["serve", "org/tiny", "--max-num-seqs", "1", "--uvicorn-log-level", "warning"]
+SERVE = ["serve", "org/tiny", "--max-num-seqs", "1", "--media-workers", "0", "--skip-server-warmup"]
+SERVE += ["--uvicorn-log-level", "warning"]
 CHAT = {"model": "org/tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -54,7 +55,7 @@ def test_downloads_from_the_hub_then_serves_offline_from_the_cache(
 ) -> None:
     home = tmp_path / "hf"
     use_hub(monkeypatch, hub.url, home)
-    args = build_parser().parse_args([*SERVE, "--port", "0", "--skip-server-warmup"])
+    args = build_parser().parse_args([*SERVE, "--port", "0"])
     validate_serve_flags(args)  # what `mmserve serve` runs first: the download
     assert hub.files_requested("GET") and args.model_path.startswith(str(home / "hub"))
     with serve_in_thread(args) as server:

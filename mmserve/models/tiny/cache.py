@@ -1,4 +1,5 @@
-"""Resolve a model name or path, building preset checkpoints into a local cache on first use."""
+"""Resolve a model name or path, building preset checkpoints into a local cache on first use
+(hub model IDs are downloaded by ``models.hub``)."""
 
 from __future__ import annotations
 
