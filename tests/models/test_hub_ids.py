@@ -14,7 +14,7 @@ from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.cli_args import validate_serve_flags
 from mmserve.models.hub import HUB_FILE_PATTERNS, is_hub_id
 from mmserve.models.tiny import LAYOUT_NAMES, PRESET_NAMES, resolve_model_path
-from tests.models.hub_fake import FakeHub, checkpoint_files, dead_endpoint, use_hub
+from tests.support.fake_hub import FakeHub, checkpoint_files, dead_endpoint, use_hub
 
 EXTRA_FILES = {"pytorch_model.bin": b"\0" * 64, "README.md": b"# tiny\n", "model.onnx": b"\0"}
 V2_GENERATION = {"max_new_tokens": 3, "eos_token_id": 2}

@@ -10,7 +10,9 @@
   ``EntryNotFound``.
 
 ``rev`` is a branch / tag name or a commit sha. Commits are the sha1 of their files' hashes, so
-two revisions with the same files share one.
+two revisions with the same files share one. The server runs only inside ``with FakeHub()``
+(the tests' fixtures). ``use_hub`` points this process's ``huggingface_hub`` at an endpoint,
+``hub_env`` a subprocess's.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from tests.support.server import free_port
 
 
 @dataclass
@@ -122,13 +125,6 @@ def hub_env(endpoint: str, home: Path, offline: bool = False) -> dict[str, str]:
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     return env
-
-
-def free_port() -> int:
-    """A 127.0.0.1 port nothing listens on (now)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def dead_endpoint() -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,14 +17,8 @@ from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.cli_args import validate_serve_flags
 from mmserve.entrypoints.openai.server import serve_in_thread
 from mmserve.models.tiny import resolve_model_path
-from tests.models.hub_fake import (
-    FakeHub,
-    checkpoint_files,
-    dead_endpoint,
-    free_port,
-    hub_env,
-    use_hub,
-)
+from tests.support.fake_hub import FakeHub, checkpoint_files, dead_endpoint, hub_env, use_hub
+from tests.support.server import free_port, wait_until_healthy
 
 SERVE = ["serve", "org/tiny", "--max-num-seqs", "1", "--media-workers", "0", "--skip-server-warmup"]
 SERVE += ["--uvicorn-log-level", "warning"]
@@ -69,7 +62,7 @@ def test_downloads_from_the_hub_then_serves_offline_from_the_cache(
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(proc, url)
+        wait_until_healthy(proc, url, timeout=180)
         _check_served(url)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -114,16 +107,3 @@ def test_a_model_that_cannot_be_had_is_one_line_and_exit_code_2(
     )
     assert out.stdout.split() == ["2", "False"], out
     assert out.stderr.startswith(expected) and out.stderr.count("\n") == 1, out.stderr
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, "server exited during startup"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.2)
