@@ -46,7 +46,18 @@ KWARG_ALIASES = {  # vLLM's LLM(...) names
 class EngineArgs:
     """Engine settings. Unset (None) fields are autotuned from the model and the others."""
 
-    model: str = arg_field("tiny-llava", "preset name or HF checkpoint dir")
+    model: str = arg_field(
+        "tiny-llava", "preset name, HF checkpoint dir or hub model ID (ORG/NAME)"
+    )
+    revision: str | None = arg_field(
+        None, "hub model IDs: the branch, tag or commit to download (None: the repository's"
+        " default branch; a private or gated repository needs $HF_TOKEN)",
+    )  # fmt: skip
+    download_dir: str | None = arg_field(
+        None, "hub model IDs: the cache directory to download into and load from (None:"
+        " huggingface_hub's cache, $HF_HUB_CACHE or $HF_HOME/hub; with $HF_HUB_OFFLINE=1 only"
+        " the cache is read)", metavar="DIR",
+    )  # fmt: skip
     dtype: str = env_arg_field(
         "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is float32 on CPU (the compiled"
         " attention kernel's dtype) and on CUDA the checkpoint's half dtype, else bfloat16;"

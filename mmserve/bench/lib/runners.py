@@ -135,9 +135,12 @@ BENCH_DEFAULTS = {"model": "tiny-llava-small"}
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """The engine flags of ``EngineArgs`` for a workload (its own ``--seed`` seeds the data)."""
+    """The engine flags of ``EngineArgs`` for a workload (its own ``--seed`` seeds the data).
+    No ``--revision`` / ``--download-dir``: every engine of a comparison (transformers, vLLM
+    too) reads a hub ID's default revision from huggingface_hub's cache."""
     group = parser.add_argument_group("engine (EngineArgs; workload modes override some)")
-    EngineArgs.add_cli_args(group, defaults=BENCH_DEFAULTS, exclude=("seed",))
+    exclude = ("seed", "revision", "download_dir")
+    EngineArgs.add_cli_args(group, defaults=BENCH_DEFAULTS, exclude=exclude)
 
 
 def make_runner(kind: str, model: str, **engine_args: Any) -> MmserveRunner | TransformersRunner:

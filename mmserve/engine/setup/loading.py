@@ -36,10 +36,13 @@ def build_model_config(
     chat_template: str | None = None,
     generation_config: str = "auto",
     device: str = "cpu",
+    revision: str | None = None,
+    download_dir: str | None = None,
 ) -> ModelConfig:
     """``chat_template`` / ``generation_config``: the ``--chat-template`` and
-    ``--generation-config`` settings, resolved here (a bad path fails at start-up)."""
-    path = resolve_model_path(model)
+    ``--generation-config`` settings, resolved here (a bad path fails at start-up);
+    ``revision`` / ``download_dir``: where a hub model ID is downloaded from and to."""
+    path = resolve_model_path(model, revision, download_dir)
     hf_config = AutoConfig.from_pretrained(path)
     dtype = resolve_dtype(dtype, checkpoint_dtype(hf_config), device)
     arch, model_cls = resolve_architecture(hf_config)
@@ -82,6 +85,8 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
         args.chat_template,
         args.generation_config,
         device=device,
+        revision=args.revision,
+        download_dir=args.download_dir,
     )
     scheduler_config = args.scheduler_config()
     _, model_cls = resolve_architecture(model_config.hf_config)

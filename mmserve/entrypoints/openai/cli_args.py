@@ -20,6 +20,7 @@ from mmserve.engine.setup.generation_defaults import check_generation_config
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.openai.http.limits import add_limit_flags, limits_from_args
 from mmserve.entrypoints.openai.http.policy import HTTPPolicy, ui_default
+from mmserve.entrypoints.openai.hub_model import engine_model, resolve_hub_model
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
 
 DESCRIPTION = """\
@@ -54,8 +55,8 @@ def add_serve_parser(
         default=None,
         action=_ModelAction,
         metavar="MODEL",
-        help="preset name or HF checkpoint dir, as in `vllm serve MODEL` (or --model; default:"
-        f" {EngineArgs.model})",
+        help="preset name, HF checkpoint dir or hub model ID (ORG/NAME), as in `vllm serve MODEL`"
+        f" (or --model; default: {EngineArgs.model})",
     )
     p.add_argument(
         "--model",
@@ -269,8 +270,11 @@ def check_server_flags(args: argparse.Namespace) -> None:
 
 
 def engine_args(args: argparse.Namespace) -> EngineArgs:
-    """The engine settings among the parsed ``serve`` flags."""
-    return EngineArgs.from_cli_args(args)
+    """The engine settings among the parsed ``serve`` flags (``model``: a hub ID's downloaded
+    snapshot once ``validate_serve_flags`` resolved it)."""
+    settings = EngineArgs.from_cli_args(args)
+    model = engine_model(args)
+    return settings if model == settings.model else settings.replace(model=model)
 
 
 def validate_serve_flags(args: argparse.Namespace) -> EngineArgs:
@@ -278,7 +282,9 @@ def validate_serve_flags(args: argparse.Namespace) -> EngineArgs:
     through their own code in this process before anything loads or is deployed, without
     torch: ValueError naming the flag, ``MissingExtra`` naming the extra to install
     (``mmserve`` prints either as one line, exit code 2). The Ray flags are checked by
-    ``ray.flags.check_ray_flags`` beside it. Returns the engine settings."""
+    ``ray.flags.check_ray_flags`` beside it. Last, a hub model ID is downloaded
+    (``hub_model.resolve_hub_model``; its failures are ValueErrors too). Returns the engine
+    settings, whose ``model`` is then the local snapshot."""
     settings = engine_args(args)  # values, the frozen configs' checks included
     check_server_flags(args)
     http_policy(args)
@@ -287,4 +293,5 @@ def validate_serve_flags(args: argparse.Namespace) -> EngineArgs:
     if settings.chat_template is not None:
         load_chat_template_arg(settings.chat_template)
     check_generation_config(settings.generation_config)
-    return settings
+    resolve_hub_model(args)
+    return engine_args(args)

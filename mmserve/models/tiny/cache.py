@@ -1,4 +1,5 @@
-"""Resolve a model name or path, building preset checkpoints into a local cache on first use."""
+"""Resolve a model name or path, building preset checkpoints into a local cache on first use
+(hub model IDs are downloaded by ``models.hub``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..hub import download_checkpoint, is_hub_id
 from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES, LAYOUT_VERSION
 from .presets import BUILD_VERSION, PRESET_NAMES, build_preset
 
@@ -69,10 +71,13 @@ def _ensure_built(target: Path, build: Callable[[Path], object]) -> Path:
     return target
 
 
-def resolve_model_path(name_or_path: str) -> Path:
-    """Map a preset name to its cached checkpoint dir, or validate a checkpoint directory.
-
-    Preset names win over same-named relative directories. Raises ``ValueError`` otherwise.
+def resolve_model_path(
+    name_or_path: str, revision: str | None = None, download_dir: str | Path | None = None
+) -> Path:
+    """The local checkpoint directory of a model name, first match wins: a preset (or hub
+    layout) name, built into the cache; an existing local directory with config.json; a hub
+    ID ``ORG/NAME``, downloaded at ``revision`` into ``download_dir`` (``models.hub``; both are
+    ignored for presets and directories). Raises ``ValueError`` otherwise.
     """
     if name_or_path in PRESET_NAMES:
         return ensure_preset(name_or_path)
@@ -81,8 +86,10 @@ def resolve_model_path(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if _is_checkpoint(path):
         return path.resolve()
+    if is_hub_id(name_or_path):
+        return download_checkpoint(name_or_path, revision, download_dir)
     raise ValueError(
-        f"unknown model {name_or_path!r}: not a preset"
-        f" ({', '.join(PRESET_NAMES + LAYOUT_NAMES)}) "
-        "nor a directory with config.json"
+        f"unknown model {name_or_path!r}: neither a preset"
+        f" ({', '.join(PRESET_NAMES + LAYOUT_NAMES)}), "
+        "a directory with config.json, nor a hub ID (ORG/NAME)"
     )
