@@ -67,7 +67,10 @@ def test_the_reason_names_the_flags_or_the_missing_ones() -> None:
     assert choose_dtype("auto", "float32", "cpu", {}).reason == (
         "auto on CPU: the checkpoint declares float32"
     )
-    assert choose_dtype("float16", "float32", "cpu", {}).log_line() == "dtype: float16 (--dtype float16)"
+    assert (
+        choose_dtype("float16", "float32", "cpu", {}).log_line()
+        == "dtype: float16 (--dtype float16)"
+    )
     assert choose_dtype("auto", "float32", "cuda:0", {}).dtype == "bfloat16"
 
 
