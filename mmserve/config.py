@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,15 +46,19 @@ def checkpoint_dtype(hf_config: Any) -> str | None:
     return None
 
 
-def resolve_dtype(requested: str, declared: str | None, device: str) -> str:
-    """``auto``: float32 on CPU (the compiled attention kernel runs float32; half precision on
-    CPU takes the slower pure-torch path); on CUDA the checkpoint's dtype when it is a half
-    one (float16 / bfloat16), else bfloat16. Any other value is returned as it is."""
+def resolve_dtype(
+    requested: str, declared: str | None, device: str, cpu_native: Collection[str] = ()
+) -> str:
+    """``auto``: on CPU the checkpoint's dtype when it is a half one (float16 / bfloat16) that
+    the CPU runs natively (``cpu_native``: the half dtypes it does, see
+    ``mmserve.kernels.cpu_features``), else float32; on CUDA the checkpoint's half dtype, else
+    bfloat16. Any other value is returned as it is."""
     if requested != "auto":
         return requested
+    half = declared if declared in ("float16", "bfloat16") else None
     if device.split(":")[0] == "cpu":
-        return "float32"
-    return declared if declared in ("float16", "bfloat16") else "bfloat16"
+        return half if half is not None and half in cpu_native else "float32"
+    return half or "bfloat16"
 
 
 @dataclass(frozen=True)

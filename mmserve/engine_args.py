@@ -59,9 +59,10 @@ class EngineArgs:
         " the cache is read)", metavar="DIR",
     )  # fmt: skip
     dtype: str = env_arg_field(
-        "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is float32 on CPU (the compiled"
-        " attention kernel's dtype) and on CUDA the checkpoint's half dtype, else bfloat16;"
-        " half = float16, float = float32",
+        "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is on CPU the checkpoint's half"
+        " dtype where the CPU runs it natively (bfloat16: AVX-512 BF16 or AMX; float16:"
+        " AVX-512 FP16 or AMX-FP16), else float32, and on CUDA the checkpoint's half dtype,"
+        " else bfloat16; the start-up log says which; half = float16, float = float32",
         choices=DTYPES,
     )  # fmt: skip
     seed: int = arg_field(0, "engine seed (sampling without a per-request seed)")

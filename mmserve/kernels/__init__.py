@@ -2,7 +2,8 @@
 
 ``cpu_ops()`` is the extension module for this CPU (of the instruction-set variants it runs,
 ``variants.py``, the widest one the install built: ``paged_attention``, ``rms_norm``,
-``add_rms_norm``, ``rotary_embedding``), or None; ``unavailable_reason()`` says why not.
+``add_rms_norm``, ``rotary_embedding``, in the dtypes of ``kernel_dtypes()``), or None;
+``unavailable_reason()`` says why not.
 ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off (the pure-torch paths run instead).
 """
 
@@ -55,17 +56,28 @@ def kernel_head_dims() -> tuple[int, ...]:
     return () if module is None else tuple(module.supported_head_dims())
 
 
+def kernel_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes the built kernels take (float32, bfloat16, float16; float32 only for a
+    build older than the half-precision kernels); empty without a kernel."""
+    module, _ = _load()
+    if module is None:
+        return ()
+    names = module.supported_dtypes() if hasattr(module, "supported_dtypes") else ["float32"]
+    return tuple(getattr(torch, name) for name in names)
+
+
 def unavailable_reason() -> str:
     return _load()[1]
 
 
 def cpu_kernels_apply(*tensors: torch.Tensor) -> bool:
-    """The compiled CPU ops apply: contiguous float32 CPU tensors, nothing for autograd to
-    record (they have no backward)."""
-    if cpu_ops() is None:
+    """The compiled CPU ops apply: contiguous CPU tensors of one dtype the kernels take
+    (``kernel_dtypes``), nothing for autograd to record (they have no backward)."""
+    if cpu_ops() is None or not tensors:
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return all(
-        t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors
+    dtype = tensors[0].dtype
+    return dtype in kernel_dtypes() and all(
+        t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous() for t in tensors
     )

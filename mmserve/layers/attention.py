@@ -9,7 +9,12 @@ from typing import Literal
 import torch
 
 from mmserve.config import ATTENTION_BACKENDS
-from mmserve.kernels import kernel_head_dims, paged_attention_kernel, unavailable_reason
+from mmserve.kernels import (
+    kernel_dtypes,
+    kernel_head_dims,
+    paged_attention_kernel,
+    unavailable_reason,
+)
 from mmserve.layers.attention_flex import FlexAttentionPlan, flex_paged_attention
 from mmserve.layers.attention_masks import ImageRanges
 from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
@@ -104,9 +109,10 @@ def select_attention_backend(
     head_dim: int,
     attention_masks: str | None = None,
 ) -> Literal["cpu-kernel", "torch", "flex"]:
-    """``auto`` takes the CPU kernel where it applies (CPU, float32, a compiled head_dim, a
-    causal-only model); asking for ``cpu-kernel`` where it does not is a ValueError naming the
-    reason. ``attention_masks``: the model's masks the causal kernel lacks (None: none)."""
+    """``auto`` takes the CPU kernel where it applies (CPU, a dtype it was built for:
+    float32, bfloat16 or float16, a compiled head_dim, a causal-only model); asking for
+    ``cpu-kernel`` where it does not is a ValueError naming the reason. ``attention_masks``:
+    the model's masks the causal kernel lacks (None: none)."""
     if requested not in ATTENTION_BACKENDS:
         raise ValueError(
             f"attention_backend {requested!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
@@ -128,17 +134,18 @@ def select_attention_backend(
             return "torch"
     elif device.type != "cpu":
         reason = f"the CPU kernel does not run on {device}"
-    elif dtype != torch.float32:
-        reason = f"the CPU kernel is float32 only, not {dtype}"
     elif paged_attention_kernel() is None:
         reason = unavailable_reason()
+    elif dtype not in kernel_dtypes():
+        names = ", ".join(str(d).removeprefix("torch.") for d in kernel_dtypes())
+        reason = f"the CPU kernel has no {str(dtype).removeprefix('torch.')} (has {names})"
     elif head_dim not in kernel_head_dims():
         reason = f"the CPU kernel has no head_dim {head_dim} (has {kernel_head_dims()})"
     if not reason:
         return "cpu-kernel"
     if requested == "cpu-kernel":
         raise ValueError(f"attention_backend 'cpu-kernel' is not available: {reason}")
-    if device.type == "cpu" and dtype == torch.float32:
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16, torch.float16):
         logger.warning("attention: the pure-torch path, not the CPU kernel (%s)", reason)
     return "torch"
 

@@ -178,7 +178,9 @@ class ModelRunner:
                     rows = rows[:, :width]
                 embeds[batch.mm_dst] = rows
             hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta, deepstack)
-            logits = self.model.compute_logits(hidden[batch.sample_idx])
+            # float32 logits whatever the model's dtype: grammar masks, logits processors,
+            # argmax and logprobs all see them (vLLM samples from float32 too)
+            logits = self.model.compute_logits(hidden[batch.sample_idx]).float()
             states = [self.states[r] for r in batch.sample_req_ids]
             params = [s.params for s in states]
             matchers = [s.matcher for s in states]

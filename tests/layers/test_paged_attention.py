@@ -109,11 +109,11 @@ def test_kernel_was_built():
 
 
 def test_backend_selection_falls_back_or_names_the_reason():
-    assert select_attention_backend("auto", CPU, torch.bfloat16, 64) == "torch"
+    assert select_attention_backend("auto", CPU, torch.float64, 64) == "torch"
     assert select_attention_backend("auto", CPU, torch.float32, 48) == "torch"
     assert select_attention_backend("torch", CPU, torch.float32, 64) == "torch"
-    with pytest.raises(ValueError, match="float32 only"):
-        select_attention_backend("cpu-kernel", CPU, torch.bfloat16, 64)
+    with pytest.raises(ValueError, match="has no float64"):
+        select_attention_backend("cpu-kernel", CPU, torch.float64, 64)
     with pytest.raises(ValueError, match="head_dim 48"):
         select_attention_backend("cpu-kernel", CPU, torch.float32, 48)
     with pytest.raises(ValueError, match="'flash'"):

@@ -11,9 +11,10 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from mmserve.config import EngineConfig, ModelConfig, checkpoint_dtype, resolve_dtype
+from mmserve.config import EngineConfig, ModelConfig, checkpoint_dtype
 from mmserve.engine.setup.chat_template import find_chat_template
 from mmserve.engine.setup.device import resolve_device
+from mmserve.engine.setup.dtype import choose_dtype, log_dtype_choice
 from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.layers.rotary import RotaryEmbedding
@@ -44,7 +45,9 @@ def build_model_config(
     ``revision`` / ``download_dir``: where a hub model ID is downloaded from and to."""
     path = resolve_model_path(model, revision, download_dir)
     hf_config = AutoConfig.from_pretrained(path)
-    dtype = resolve_dtype(dtype, checkpoint_dtype(hf_config), device)
+    choice = choose_dtype(dtype, checkpoint_dtype(hf_config), device)
+    log_dtype_choice(choice)
+    dtype = choice.dtype
     arch, model_cls = resolve_architecture(hf_config)
     text = getattr(hf_config, "text_config", hf_config)
     limit = text.max_position_embeddings

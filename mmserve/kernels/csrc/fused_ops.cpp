@@ -1,13 +1,18 @@
 // Fused elementwise ops of the decoder layer: RMSNorm (optionally after the residual add) and
 // RoPE on the q and k heads of a fused qkv row in place. Each is one pass over memory instead of torch's 5-6.
 //
-// Rounding follows transformers' ops where it can: the residual add and RoPE are computed in the
-// same order without contraction (bit-identical); RMSNorm differs only in the order in which
-// the sum of squares is accumulated.
+// float32, bfloat16 or float16 (every tensor of a call in one dtype). Rounding follows
+// transformers' ops where it can: the residual add and RoPE are computed in the same order
+// without contraction, each torch op's result rounded to the dtype as torch rounds it
+// (bit-identical); RMSNorm accumulates in float32 and differs only in the order in which the
+// sum of squares is accumulated; as HF's LlamaRMSNorm it rounds the normalized row to the dtype
+// before the weight multiplies it.
 #include "ops.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cmath>
 
@@ -15,50 +20,81 @@ namespace {
 
 constexpr int64_t GRAIN_ROWS = 16;
 
-__attribute__((optimize("fp-contract=off"))) void normalize_row(const float* x, const float* w,
-                                                                float* out, int64_t n,
-                                                                float eps) {
+// x rounded to T as one torch op of dtype T rounds its float result (identity for float)
+template <typename T>
+inline float rnd(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void normalize_row(const T* x, const T* w, T* out,
+                                                                int64_t n, float eps) {
   float lanes[16] = {};
   int64_t d = 0;
   for (; d + 16 <= n; d += 16) {
-    for (int l = 0; l < 16; ++l) lanes[l] += x[d + l] * x[d + l];
+    for (int l = 0; l < 16; ++l) {
+      const float v = static_cast<float>(x[d + l]);
+      lanes[l] += v * v;
+    }
   }
   float sum = 0.f;
-  for (; d < n; ++d) sum += x[d] * x[d];
+  for (; d < n; ++d) sum += static_cast<float>(x[d]) * static_cast<float>(x[d]);
   for (int w8 = 8; w8 > 0; w8 /= 2) {
     for (int l = 0; l < w8; ++l) lanes[l] += lanes[l + w8];
   }
   sum += lanes[0];
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<T>(static_cast<float>(w[i]) * rnd<T>(static_cast<float>(x[i]) * inv));
 }
 
-__attribute__((optimize("fp-contract=off"))) void add_rows(float* residual, const float* delta,
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void add_rows(T* residual, const T* delta,
                                                            int64_t n) {
-  for (int64_t i = 0; i < n; ++i) residual[i] = residual[i] + delta[i];
+  for (int64_t i = 0; i < n; ++i)
+    residual[i] = static_cast<T>(static_cast<float>(residual[i]) + static_cast<float>(delta[i]));
 }
 
-__attribute__((optimize("fp-contract=off"))) void rotate_heads(float* x, int64_t heads,
-                                                               int64_t dim, const float* c,
-                                                               const float* s) {
+// x * cos + rotate_half(x) * sin, each product and the sum rounded to T as torch rounds them
+template <typename T>
+__attribute__((optimize("fp-contract=off"))) void rotate_heads(T* x, int64_t heads, int64_t dim,
+                                                               const T* c, const T* s) {
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    float* x1 = x + h * dim;
-    float* x2 = x1 + half;
+    T* x1 = x + h * dim;
+    T* x2 = x1 + half;
     for (int64_t i = 0; i < half; ++i) {
-      const float a = x1[i], b = x2[i];
-      x1[i] = a * c[i] - b * s[i];
-      x2[i] = b * c[half + i] + a * s[half + i];
+      const float a = static_cast<float>(x1[i]), b = static_cast<float>(x2[i]);
+      const float c1 = static_cast<float>(c[i]), s1 = static_cast<float>(s[i]);
+      const float c2 = static_cast<float>(c[half + i]), s2 = static_cast<float>(s[half + i]);
+      x1[i] = static_cast<T>(rnd<T>(a * c1) - rnd<T>(b * s1));
+      x2[i] = static_cast<T>(rnd<T>(b * c2) + rnd<T>(a * s2));
     }
   }
 }
 
+bool supported(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
 void check_rows(const at::Tensor& x, const at::Tensor& weight) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be a contiguous float32 CPU tensor");
-  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+  TORCH_CHECK(x.device().is_cpu() && supported(x.scalar_type()) && x.is_contiguous(),
+              "x must be a contiguous float32, bfloat16 or float16 CPU tensor");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() &&
                   weight.numel() == x.size(-1),
-              "weight must be contiguous float32 with x's last dimension");
+              "weight must be contiguous, of x's dtype and x's last dimension");
+}
+
+// f<T>() for the float type of `t`
+template <typename F>
+void dispatch(at::ScalarType t, F&& f) {
+  if (t == at::kFloat) {
+    f(float{});
+  } else if (t == at::kBFloat16) {
+    f(c10::BFloat16{});
+  } else {
+    f(c10::Half{});
+  }
 }
 
 }  // namespace
@@ -67,11 +103,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
   auto out = at::empty_like(x);
   const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
-  const float *px = x.data_ptr<float>(), *pw = weight.data_ptr<float>();
-  float* po = out.data_ptr<float>();
-  at::parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      normalize_row(px + r * n, pw, po + r * n, n, static_cast<float>(eps));
+  dispatch(x.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    const T *px = x.data_ptr<T>(), *pw = weight.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    at::parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        normalize_row(px + r * n, pw, po + r * n, n, static_cast<float>(eps));
+    });
   });
   return out;
 }
@@ -83,33 +122,39 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
   TORCH_CHECK(residual.sizes() == delta.sizes(), "residual and delta shapes differ");
   auto out = at::empty_like(residual);
   const int64_t n = residual.size(-1), rows = residual.numel() / std::max<int64_t>(n, 1);
-  float* pr = residual.data_ptr<float>();
-  const float *pd = delta.data_ptr<float>(), *pw = weight.data_ptr<float>();
-  float* po = out.data_ptr<float>();
-  at::parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      add_rows(pr + r * n, pd + r * n, n);
-      normalize_row(pr + r * n, pw, po + r * n, n, static_cast<float>(eps));
-    }
+  dispatch(residual.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* pr = residual.data_ptr<T>();
+    const T *pd = delta.data_ptr<T>(), *pw = weight.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    at::parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        add_rows(pr + r * n, pd + r * n, n);
+        normalize_row(pr + r * n, pw, po + r * n, n, static_cast<float>(eps));
+      }
+    });
   });
   return out;
 }
 
 void rotary_embedding(at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+  TORCH_CHECK(x.device().is_cpu() && supported(x.scalar_type()) && x.is_contiguous() &&
                   x.dim() == 2,
-              "x must be a contiguous float32 CPU tensor [tokens, width]");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+              "x must be a contiguous float32, bfloat16 or float16 CPU tensor [tokens, width]");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
                   cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
                   cos.sizes() == sin.sizes() && cos.size(0) == x.size(0),
-              "cos and sin must be contiguous float32 [tokens, head_dim]");
+              "cos and sin must be contiguous [tokens, head_dim] of x's dtype");
   const int64_t tokens = x.size(0), width = x.size(1), dim = cos.size(1);
   TORCH_CHECK(dim % 2 == 0 && heads >= 0 && heads * dim <= width,
               "heads * head_dim exceeds the row width");
-  float* px = x.data_ptr<float>();
-  const float *pc = cos.data_ptr<float>(), *ps = sin.data_ptr<float>();
-  at::parallel_for(0, tokens, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      rotate_heads(px + t * width, heads, dim, pc + t * dim, ps + t * dim);
+  dispatch(x.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    T* px = x.data_ptr<T>();
+    const T *pc = cos.data_ptr<T>(), *ps = sin.data_ptr<T>();
+    at::parallel_for(0, tokens, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        rotate_heads(px + t * width, heads, dim, pc + t * dim, ps + t * dim);
+    });
   });
 }

@@ -1,4 +1,5 @@
-// mmserve's CPU kernels (float32, contiguous tensors); bound to Python in module.cpp.
+// mmserve's CPU kernels (float32, bfloat16 or float16; contiguous tensors, float32 arithmetic);
+// bound to Python in module.cpp.
 #pragma once
 
 // ATen's tensor alone: torch/extension.h (the whole C++ frontend) takes 10x as long to compile.

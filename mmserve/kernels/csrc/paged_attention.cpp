@@ -1,4 +1,5 @@
-// Causal attention over a paged KV cache for CPU, float32: every prefill chunk and decode of a
+// Causal attention over a paged KV cache for CPU, float32, bfloat16 or float16 (q, the caches and
+// the output share one dtype; scores, softmax and accumulators are float32): every prefill chunk and decode of a
 // step in one call, reading K/V in place through each sequence's block table (no gathered copy).
 //
 // Layout (as mmserve's PagedKVCache): k_cache/v_cache [num_slots, num_kv_heads, head_dim], slot =
@@ -30,7 +31,8 @@ namespace {
 
 using namespace mmserve_attention;
 
-std::vector<WorkItem> plan(const Args& a, int64_t num_seqs) {
+template <typename T>
+std::vector<WorkItem> plan(const Args<T>& a, int64_t num_seqs) {
   std::vector<WorkItem> items;
   const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
   const int tile = std::max(1, TILE_ROWS / group);
@@ -60,8 +62,8 @@ std::vector<std::vector<WorkItem>> bin_items(std::vector<WorkItem> items, int bi
   return out;
 }
 
-template <int D>
-void run(const Args& a, int64_t num_seqs) {
+template <int D, typename T>
+void run(const Args<T>& a, int64_t num_seqs) {
   static_assert(D % L == 0, "head_dim must be a multiple of 16");
   const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
   const int bins = std::max(1, at::get_num_threads());
@@ -72,13 +74,45 @@ void run(const Args& a, int64_t num_seqs) {
       for (const auto& item : work[b]) {
         const bool decode = a.query_start_loc[item.seq + 1] - a.query_start_loc[item.seq] == 1;
         if (decode && group <= TILE_ROWS) {
-          attend_decode<D>(a, item, group, scratch);
+          attend_decode<D, T>(a, item, group, scratch);
         } else {
-          attend_tile<D>(a, item, group, scratch);
+          attend_tile<D, T>(a, item, group, scratch);
         }
       }
     }
   });
+}
+
+template <typename T>
+void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& qsl, const at::Tensor& lens,
+            at::Tensor& out, double scale, int64_t block_size) {
+  const int64_t num_seqs = block_tables.size(0);
+  Args<T> a{q.data_ptr<T>(),           k_cache.data_ptr<T>(),  v_cache.data_ptr<T>(),
+            out.data_ptr<T>(),         block_tables.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(),
+            lens.data_ptr<int32_t>(),  block_tables.size(1),   block_size,
+            q.size(1),                 k_cache.size(1),        static_cast<float>(scale),
+            q.stride(0)};
+  const int64_t num_blocks = k_cache.size(0) / block_size;
+  const int32_t* table = a.block_tables;
+  for (int64_t i = 0; i < num_seqs * a.max_blocks; ++i) {
+    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
+  }
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int32_t n = a.query_start_loc[b + 1] - a.query_start_loc[b];
+    TORCH_CHECK(n >= 0 && a.seq_lens[b] >= n, "sequence ", b, ": seq_len below its query count");
+    TORCH_CHECK((a.seq_lens[b] + block_size - 1) / block_size <= a.max_blocks,
+                "sequence ", b, ": block table too short for seq_len");
+  }
+  switch (q.size(2)) {
+    case 32: run<32, T>(a, num_seqs); break;
+    case 64: run<64, T>(a, num_seqs); break;
+    case 80: run<80, T>(a, num_seqs); break;
+    case 96: run<96, T>(a, num_seqs); break;
+    case 128: run<128, T>(a, num_seqs); break;
+    case 256: run<256, T>(a, num_seqs); break;
+    default: TORCH_CHECK(false, "unsupported head_dim ", q.size(2), " (32, 64, 80, 96, 128, 256)");
+  }
 }
 
 }  // namespace
@@ -87,11 +121,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                            double scale, int64_t block_size) {
-  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && q.dim() == 3,
-              "q must be a float32 CPU tensor [tokens, heads, head_dim]");
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3 &&
+                  (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+              "q must be a float32, bfloat16 or float16 CPU tensor [tokens, heads, head_dim]");
+  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
                   k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
-              "k_cache/v_cache must be float32 [slots, kv_heads, head_dim]");
+              "k_cache/v_cache must be [slots, kv_heads, head_dim] of q's dtype");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && k_cache.is_contiguous() &&
                   v_cache.is_contiguous(),
               "q rows must hold contiguous heads; k_cache and v_cache must be contiguous");
@@ -113,30 +149,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const auto qsl = query_start_loc.contiguous();
   const auto lens = seq_lens.contiguous();
   TORCH_CHECK(qsl[num_seqs].item<int32_t>() == q.size(0), "query_start_loc[-1] != tokens");
-  Args a{q.data_ptr<float>(),          k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-         out.data_ptr<float>(),        block_tables.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(),
-         lens.data_ptr<int32_t>(),     block_tables.size(1),      block_size,
-         num_heads,                    num_kv_heads,              static_cast<float>(scale),
-         q.stride(0)};
-  const int64_t num_blocks = k_cache.size(0) / block_size;
-  const int32_t* table = a.block_tables;
-  for (int64_t i = 0; i < num_seqs * a.max_blocks; ++i) {
-    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
-  }
-  for (int64_t b = 0; b < num_seqs; ++b) {
-    const int32_t n = a.query_start_loc[b + 1] - a.query_start_loc[b];
-    TORCH_CHECK(n >= 0 && a.seq_lens[b] >= n, "sequence ", b, ": seq_len below its query count");
-    TORCH_CHECK((a.seq_lens[b] + block_size - 1) / block_size <= a.max_blocks,
-                "sequence ", b, ": block table too short for seq_len");
-  }
-  switch (head_dim) {
-    case 32: run<32>(a, num_seqs); break;
-    case 64: run<64>(a, num_seqs); break;
-    case 80: run<80>(a, num_seqs); break;
-    case 96: run<96>(a, num_seqs); break;
-    case 128: run<128>(a, num_seqs); break;
-    case 256: run<256>(a, num_seqs); break;
-    default: TORCH_CHECK(false, "unsupported head_dim ", head_dim, " (32, 64, 80, 96, 128, 256)");
+  if (dtype == at::kFloat) {
+    launch<float>(q, k_cache, v_cache, block_tables, qsl, lens, out, scale, block_size);
+  } else if (dtype == at::kBFloat16) {
+    launch<c10::BFloat16>(q, k_cache, v_cache, block_tables, qsl, lens, out, scale, block_size);
+  } else {
+    launch<c10::Half>(q, k_cache, v_cache, block_tables, qsl, lens, out, scale, block_size);
   }
   return out;
 }

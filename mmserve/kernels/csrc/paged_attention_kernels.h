@@ -1,6 +1,11 @@
 // Inner loops of the paged attention kernel (see paged_attention.cpp): vector helpers, one
-// prefill tile (scores and softmax vectorized across query rows), one decode.
+// prefill tile (scores and softmax vectorized across query rows), one decode. Templated on the
+// element type T of q, the caches and out (float, c10::BFloat16, c10::Half): K/V are widened to
+// float as they are loaded, every score, softmax and accumulator is float, out is rounded once.
 #pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +20,8 @@ namespace mmserve_attention {
 // GCC/Clang vector extensions: 16 floats, lowered to one AVX-512 or two AVX2 registers.
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint16_t v16u __attribute__((vector_size(32)));
+typedef _Float16 v16h __attribute__((vector_size(32)));
 
 constexpr int L = 16;         // lanes
 constexpr int KC = 16;        // keys per chunk
@@ -25,11 +32,12 @@ constexpr int TG = 8;         // keys per register block in Q @ K^T
 constexpr float EXP_FLOOR = -87.3f;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
+template <typename T>
 struct Args {
-  const float* q;
-  const float* k_cache;
-  const float* v_cache;
-  float* out;
+  const T* q;
+  const T* k_cache;
+  const T* v_cache;
+  T* out;
   const int32_t* block_tables;
   const int32_t* query_start_loc;
   const int32_t* seq_lens;
@@ -55,7 +63,23 @@ inline v16f load(const float* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+// 16 bfloat16 -> float: the bits shifted into a float's upper half (exact)
+inline v16f load(const c10::BFloat16* p) {
+  v16u h;
+  std::memcpy(&h, p, sizeof(h));
+  return (v16f)(__builtin_convertvector(h, v16i) << 16);
+}
+// 16 float16 -> float (exact; one vcvtph2ps with F16C)
+inline v16f load(const c10::Half* p) {
+  v16h h;
+  std::memcpy(&h, p, sizeof(h));
+  return __builtin_convertvector(h, v16f);
+}
 inline void store(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
+template <typename T>
+inline float to_float(T x) {
+  return static_cast<float>(x);
+}
 
 // exp(x) for softmax arguments (x <= 0): Cephes' expf polynomial, about 1 ulp.
 inline v16f exp16(v16f x) {
@@ -110,17 +134,19 @@ inline v16f sum16x16(v16f* a) {
   return __builtin_shuffle(a[0], a[1], even) + __builtin_shuffle(a[0], a[1], odd);
 }
 
+template <typename T>
 struct KeyChunk {
-  const float* k[KC];
-  const float* v[KC];
+  const T* k[KC];
+  const T* v[KC];
   int n;
 };
 
 // Pointers to keys [k0, k0 + n) of one kv head, read in place through the block table; slots
-// past n point at a zero row so full-width loops need no bounds checks.
-template <int D>
-inline void gather_pointers(const Args& a, const int32_t* table, int kv_head, int k0, int n,
-                            const float* zeros, KeyChunk& c) {
+// past n point at a zero row so full-width loops need no bounds checks (zero bits are zero in
+// every element type, so the float zero row serves them all).
+template <int D, typename T>
+inline void gather_pointers(const Args<T>& a, const int32_t* table, int kv_head, int k0, int n,
+                            const float* zeros, KeyChunk<T>& c) {
   const int64_t stride = a.num_kv_heads * D;
   c.n = n;
   int64_t block = k0 / a.block_size, offset = k0 % a.block_size;  // one division per chunk
@@ -131,14 +157,14 @@ inline void gather_pointers(const Args& a, const int32_t* table, int kv_head, in
       c.v[t] = a.v_cache + slot * stride + kv_head * D;
       if (++offset == a.block_size) offset = 0, ++block;
     } else {
-      c.k[t] = c.v[t] = zeros;
+      c.k[t] = c.v[t] = reinterpret_cast<const T*>(zeros);
     }
   }
 }
 
 // acc[r] += sum_t p[t][r] * V[t] for rows [0, rows_padded), rows in blocks of RB.
-template <int D>
-inline void accumulate_pv(const KeyChunk& c, const float* p, int p_stride, float* acc,
+template <int D, typename T>
+inline void accumulate_pv(const KeyChunk<T>& c, const float* p, int p_stride, float* acc,
                           int rows_padded) {
   for (int r = 0; r < rows_padded; r += RB) {
     v16f o[RB][D / L];
@@ -169,22 +195,22 @@ struct Scratch {
   }
 };
 
-template <int D>
-void write_out(const Args& a, const WorkItem& w, int group, const float* acc, const float* l) {
+template <int D, typename T>
+void write_out(const Args<T>& a, const WorkItem& w, int group, const float* acc, const float* l) {
   const int64_t row0 = a.query_start_loc[w.seq] + w.q_begin;
   for (int i = 0; i < w.q_end - w.q_begin; ++i) {
     for (int g = 0; g < group; ++g) {
       const int r = i * group + g;
-      float* dst = a.out + ((row0 + i) * a.num_heads + w.kv_head * group + g) * D;
+      T* dst = a.out + ((row0 + i) * a.num_heads + w.kv_head * group + g) * D;
       const float inv = 1.f / l[r];
-      for (int d = 0; d < D; ++d) dst[d] = acc[r * D + d] * inv;
+      for (int d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[r * D + d] * inv);
     }
   }
 }
 
 // A tile of up to TILE_ROWS query rows: scores and softmax vectorized across rows.
-template <int D>
-void attend_tile(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
+template <int D, typename T>
+void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) {
   constexpr int V = TILE_ROWS / L;
   const int nq = w.q_end - w.q_begin;
   const int rows = nq * group;
@@ -197,24 +223,24 @@ void attend_tile(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
   for (int r = 0; r < TILE_ROWS; ++r) {
     pos[r / L][r % L] = r < rows ? first_pos + r / group : -1;
     if (r >= rows) continue;
-    const float* src =
+    const T* src =
         a.q + (row0 + r / group) * a.q_row_stride + (w.kv_head * group + r % group) * D;
-    for (int d = 0; d < D; ++d) s.qt[d * TILE_ROWS + r] = src[d] * a.scale;
+    for (int d = 0; d < D; ++d) s.qt[d * TILE_ROWS + r] = to_float(src[d]) * a.scale;
   }
   v16f m[V], l[V];
   for (int j = 0; j < V; ++j) m[j] = splat(NEG_INF), l[j] = v16f{};
   const int32_t* table = a.block_tables + w.seq * a.max_blocks;
   const int n_keys = first_pos + nq;
-  KeyChunk c;
+  KeyChunk<T> c;
   for (int k0 = 0; k0 < n_keys; k0 += KC) {
-    gather_pointers<D>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
+    gather_pointers<D, T>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
     for (int t0 = 0; t0 < KC; t0 += TG) {
       v16f sc[TG][V] = {};
       for (int d = 0; d < D; ++d) {
         v16f qv[V];
         for (int j = 0; j < V; ++j) qv[j] = load(s.qt + d * TILE_ROWS + j * L);
         for (int t = 0; t < TG; ++t) {
-          const float kv = c.k[t0 + t][d];
+          const float kv = to_float(c.k[t0 + t][d]);
           for (int j = 0; j < V; ++j) sc[t][j] += qv[j] * kv;
         }
       }
@@ -248,23 +274,23 @@ void attend_tile(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
         for (int d = 0; d < D; ++d) acc[d] *= corr[i];
       }
     }
-    accumulate_pv<D>(c, s.p, TILE_ROWS, s.acc, (rows + RB - 1) / RB * RB);
+    accumulate_pv<D, T>(c, s.p, TILE_ROWS, s.acc, (rows + RB - 1) / RB * RB);
   }
   float lsum[TILE_ROWS];
   for (int j = 0; j < V; ++j) store(lsum + j * L, l[j]);
-  write_out<D>(a, w, group, s.acc, lsum);
+  write_out<D, T>(a, w, group, s.acc, lsum);
 }
 
 // One decode (a single query position): its group's few rows, one dot product per key.
-template <int D>
-void attend_decode(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
+template <int D, typename T>
+void attend_decode(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) {
   const int64_t row = a.query_start_loc[w.seq];
   const int n_keys = a.seq_lens[w.seq];
   const int rows_padded = (group + RB - 1) / RB * RB;
   float* q = s.qt;  // [rows][D]
   for (int g = 0; g < group; ++g) {
-    const float* src = a.q + row * a.q_row_stride + (w.kv_head * group + g) * D;
-    for (int d = 0; d < D; ++d) q[g * D + d] = src[d] * a.scale;
+    const T* src = a.q + row * a.q_row_stride + (w.kv_head * group + g) * D;
+    for (int d = 0; d < D; ++d) q[g * D + d] = to_float(src[d]) * a.scale;
   }
   std::fill(s.acc, s.acc + rows_padded * D, 0.f);
   std::fill(s.p, s.p + KC * TILE_ROWS, 0.f);
@@ -272,9 +298,9 @@ void attend_decode(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
   std::fill(m, m + group, NEG_INF);
   std::fill(l, l + group, 0.f);
   const int32_t* table = a.block_tables + w.seq * a.max_blocks;
-  KeyChunk c;
+  KeyChunk<T> c;
   for (int k0 = 0; k0 < n_keys; k0 += KC) {
-    gather_pointers<D>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
+    gather_pointers<D, T>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
     for (int g = 0; g < group; ++g) {
       v16f partial[KC];
       for (int t = 0; t < KC; ++t) {
@@ -293,9 +319,9 @@ void attend_decode(const Args& a, const WorkItem& w, int group, Scratch<D>& s) {
         for (int d = 0; d < D; ++d) s.acc[g * D + d] *= corr;
       }
     }
-    accumulate_pv<D>(c, s.p, TILE_ROWS, s.acc, rows_padded);
+    accumulate_pv<D, T>(c, s.p, TILE_ROWS, s.acc, rows_padded);
   }
-  write_out<D>(a, w, group, s.acc, l);
+  write_out<D, T>(a, w, group, s.acc, l);
 }
 
 }  // namespace mmserve_attention
