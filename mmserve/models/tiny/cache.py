@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES, LAYOUT_VERSION
 from .presets import BUILD_VERSION, PRESET_NAMES, build_preset
+from .shapes import SHAPE_BUILD_VERSION, SHAPE_NAMES, build_shape
 
 CACHE_ENV = "MMSERVE_CACHE_DIR"
 
@@ -33,6 +34,14 @@ def _is_checkpoint(path: Path) -> bool:
 def ensure_preset(name: str, cache_dir: Path | None = None) -> Path:
     """Return the cached build of preset ``name``, building it atomically if missing."""
     return _ensure_built(preset_cache_path(name, cache_dir), lambda tmp: build_preset(name, tmp))
+
+
+def ensure_shape(name: str, cache_dir: Path | None = None) -> Path:
+    """Return the cached build of real-size shape ``name`` (``shape:...``), building it if
+    missing (seconds per GB; the directory name drops the colon)."""
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    target = root / "models" / f"{name.replace(':', '-')}-v{SHAPE_BUILD_VERSION}"
+    return _ensure_built(target, lambda tmp: build_shape(name, tmp))
 
 
 def ensure_layout(name: str, cache_dir: Path | None = None) -> Path:
@@ -70,7 +79,8 @@ def _ensure_built(target: Path, build: Callable[[Path], object]) -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> Path:
-    """Map a preset name to its cached checkpoint dir, or validate a checkpoint directory.
+    """Map a preset, layout or shape name to its cached checkpoint dir, or validate a
+    checkpoint directory.
 
     Preset names win over same-named relative directories. Raises ``ValueError`` otherwise.
     """
@@ -78,6 +88,8 @@ def resolve_model_path(name_or_path: str) -> Path:
         return ensure_preset(name_or_path)
     if name_or_path in LAYOUT_NAMES:
         return ensure_layout(name_or_path)
+    if name_or_path in SHAPE_NAMES:
+        return ensure_shape(name_or_path)
     path = Path(name_or_path).expanduser()
     if _is_checkpoint(path):
         return path.resolve()
