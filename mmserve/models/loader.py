@@ -1,16 +1,120 @@
-"""Safetensors loading with HF name mapping and a clear error on any mismatch."""
+"""Safetensors loading with HF name mapping and a clear error on any mismatch.
+
+Memory: a model built on the meta device is materialized once (``materialize``: every
+parameter allocated empty, in the target dtype, on the target device; nothing is touched until
+its weight is read), then each checkpoint tensor is read straight from its file into the
+parameter (``SafetensorsFile.read_into``) -- no intermediate copy when the dtypes match, one
+tensor-sized buffer when they do not or the device is not the CPU. The files are read, not
+mapped: pages of a mapped file count in the process's resident set while mapped, so mapping a
+4 GB shard would add 4 GB to the peak. Peak RSS is therefore the weights plus the largest
+tensor, whatever the number or size of shards.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from collections.abc import Collection
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from mmserve.layers.fused_linear import stacked_checkpoint_rows
+
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every meta parameter and buffer of ``model`` uninitialized storage on ``device``,
+    floating ones in ``dtype`` (others keep theirs); tensors that are not on the meta device
+    are moved and cast. A tensor shared by several modules (tied weights) stays shared."""
+    done: dict[int, torch.Tensor] = {}
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        kind = dtype if t.is_floating_point() else t.dtype
+        if t.is_meta:
+            return torch.empty(t.shape, dtype=kind, device=device)
+        return t.detach().to(device=device, dtype=kind)
+
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                if id(param) not in done:
+                    done[id(param)] = nn.Parameter(convert(param), param.requires_grad)
+                setattr(module, name, done[id(param)])
+        for name, buf in list(module._buffers.items()):
+            if buf is not None:
+                if id(buf) not in done:
+                    done[id(buf)] = convert(buf)
+                module._buffers[name] = done[id(buf)]
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file: its header's entries and reads of single tensors."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 -- closed by __exit__
+        (size,) = struct.unpack("<Q", self._file.read(8))
+        header: dict[str, Any] = json.loads(self._file.read(size))
+        header.pop("__metadata__", None)
+        self.entries: dict[str, dict[str, Any]] = header
+        self._data_start = 8 + size
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self._file.close()
+
+    def keys(self) -> list[str]:
+        """Tensor names in file order (sequential reads)."""
+        return sorted(self.entries, key=lambda k: self.entries[k]["data_offsets"][0])
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.entries[key]["shape"])
+
+    def read_into(self, key: str, dest: torch.Tensor) -> None:
+        """Fill ``dest`` (the tensor's shape) with tensor ``key``, cast to ``dest``'s dtype."""
+        entry = self.entries[key]
+        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        start, end = entry["data_offsets"]
+        if end - start != dest.numel() * dtype.itemsize:
+            raise ValueError(f"{self.path}: tensor {key!r} has {end - start} bytes, expected"
+                             f" {dest.numel() * dtype.itemsize}")  # fmt: skip
+        direct = dest.device.type == "cpu" and dest.dtype == dtype and dest.is_contiguous()
+        target = dest if direct else torch.empty(dest.shape, dtype=dtype)
+        if target.numel():
+            self._readinto(start, target.reshape(-1).view(torch.uint8).numpy())
+        if not direct:
+            dest.copy_(target)
+
+    def _readinto(self, offset: int, buffer: Any) -> None:
+        view = memoryview(buffer).cast("B")
+        self._file.seek(self._data_start + offset)
+        done = 0
+        while done < len(view):
+            count = self._file.readinto(view[done:])
+            if not count:
+                raise ValueError(f"{self.path} is truncated")
+            done += count
 
 
 def load_safetensors(
@@ -23,13 +127,15 @@ def load_safetensors(
     """Load every ``*.safetensors`` file of ``checkpoint_dir`` into ``model``.
 
     ``rename_rules`` are (regex, replacement) pairs applied in order to each checkpoint key.
-    ``tied`` maps a parameter to the one it copies when the checkpoint omits it
-    (e.g. ``lm_head.weight`` -> ``language_model.embed_tokens.weight``).
+    ``tied`` maps a parameter to the one it shares when the checkpoint omits it
+    (e.g. ``lm_head.weight`` -> ``language_model.embed_tokens.weight``): the target parameter
+    is replaced by the source one (one copy in memory), or copied when their shapes differ.
     ``skip`` names (after renaming) weights the checkpoint may hold that the model deliberately
     does not build, e.g. vision layers after the feature layer: they are not read. Any other key
     the model lacks is unexpected.
     Each ``StackedLinear`` shard (e.g. ``q_proj`` of a ``qkv_proj``) loads from its own
     checkpoint name into its rows and is required like a parameter of its own.
+    Files are read one at a time, each tensor straight into its parameter (module docstring).
     Raises ValueError naming missing and unexpected keys.
     """
     files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
@@ -43,7 +149,7 @@ def load_safetensors(
     loaded: set[str] = set()
     unexpected: list[str] = []
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
+        with SafetensorsFile(file) as f, torch.no_grad():
             for key in f.keys():
                 name = key
                 for pattern, repl in rename_rules:
@@ -57,27 +163,40 @@ def load_safetensors(
                     if name not in skip:
                         unexpected.append(key)
                     continue
-                tensor = f.get_tensor(key)
-                if tensor.shape != dest.shape:
+                if f.shape(key) != tuple(dest.shape):
                     raise ValueError(
-                        f"weight {key!r} has shape {tuple(tensor.shape)}, model expects"
+                        f"weight {key!r} has shape {f.shape(key)}, model expects"
                         f" {tuple(dest.shape)} for {target!r}"
                     )
-                with torch.no_grad():
-                    dest.copy_(tensor)
+                f.read_into(key, dest)
                 loaded.add(name)
     for target, source in (tied or {}).items():
         if target not in loaded and source in loaded:
-            with torch.no_grad():
-                params[target].copy_(params[source])
+            _tie(model, target, source)
             loaded.add(target)
     missing = sorted(required - loaded)
+    unexpected.sort()
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {checkpoint_dir} does not match the model:"
             f" missing keys {missing[:20]}{'...' if len(missing) > 20 else ''},"
             f" unexpected keys {unexpected[:20]}{'...' if len(unexpected) > 20 else ''}"
         )
+
+
+def _tie(model: nn.Module, target: str, source: str) -> None:
+    """Make parameter ``target`` the parameter ``source`` (or a copy if shapes differ)."""
+    module_name, _, leaf = target.rpartition(".")
+    owner = model.get_submodule(module_name) if module_name else model
+    shared = model.get_parameter(source)
+    current = getattr(owner, leaf)
+    if current is shared:
+        return
+    if current.shape == shared.shape and current.dtype == shared.dtype:
+        setattr(owner, leaf, shared)
+    else:
+        with torch.no_grad():
+            current.copy_(shared)
 
 
 def _is_non_persistent(model: nn.Module, name: str) -> bool:

@@ -19,6 +19,7 @@ from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.interface import VisionLanguageModel
+from mmserve.models.loader import materialize
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
 
@@ -144,7 +145,7 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
     _, model_cls = resolve_architecture(model_config.hf_config)
     with torch.device("meta"):
         module = cast(torch.nn.Module, model_cls(model_config.hf_config))  # type: ignore[call-arg]
-    module = module.to_empty(device=device).to(torch_dtype(model_config.dtype))
+    materialize(module, device, torch_dtype(model_config.dtype))  # once, in dtype, on device
     _reinit_buffers(module, device)
     model = cast(VisionLanguageModel, module)
     model.load_weights(model_config.path)

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..hub import download_checkpoint, is_hub_id
 from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES, LAYOUT_VERSION
 from .presets import BUILD_VERSION, PRESET_NAMES, build_preset
+from .shapes import SHAPE_BUILD_VERSION, SHAPE_NAMES, build_shape
 
 CACHE_ENV = "MMSERVE_CACHE_DIR"
 
@@ -35,6 +36,14 @@ def _is_checkpoint(path: Path) -> bool:
 def ensure_preset(name: str, cache_dir: Path | None = None) -> Path:
     """Return the cached build of preset ``name``, building it atomically if missing."""
     return _ensure_built(preset_cache_path(name, cache_dir), lambda tmp: build_preset(name, tmp))
+
+
+def ensure_shape(name: str, cache_dir: Path | None = None) -> Path:
+    """Return the cached build of real-size shape ``name`` (``shape:...``), building it if
+    missing (seconds per GB; the directory name drops the colon)."""
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    target = root / "models" / f"{name.replace(':', '-')}-v{SHAPE_BUILD_VERSION}"
+    return _ensure_built(target, lambda tmp: build_shape(name, tmp))
 
 
 def ensure_layout(name: str, cache_dir: Path | None = None) -> Path:
@@ -74,15 +83,17 @@ def _ensure_built(target: Path, build: Callable[[Path], object]) -> Path:
 def resolve_model_path(
     name_or_path: str, revision: str | None = None, download_dir: str | Path | None = None
 ) -> Path:
-    """The local checkpoint directory of a model name, first match wins: a preset (or hub
-    layout) name, built into the cache; an existing local directory with config.json; a hub
-    ID ``ORG/NAME``, downloaded at ``revision`` into ``download_dir`` (``models.hub``; both are
-    ignored for presets and directories). Raises ``ValueError`` otherwise.
+    """The local checkpoint directory of a model name, first match wins: a preset, hub layout
+    or ``shape:`` name, built into the cache; an existing local directory with config.json; a
+    hub ID ``ORG/NAME``, downloaded at ``revision`` into ``download_dir`` (``models.hub``; both
+    are ignored for presets, shapes and directories). Raises ``ValueError`` otherwise.
     """
     if name_or_path in PRESET_NAMES:
         return ensure_preset(name_or_path)
     if name_or_path in LAYOUT_NAMES:
         return ensure_layout(name_or_path)
+    if name_or_path in SHAPE_NAMES:
+        return ensure_shape(name_or_path)
     path = Path(name_or_path).expanduser()
     if _is_checkpoint(path):
         return path.resolve()
@@ -90,6 +101,6 @@ def resolve_model_path(
         return download_checkpoint(name_or_path, revision, download_dir)
     raise ValueError(
         f"unknown model {name_or_path!r}: neither a preset"
-        f" ({', '.join(PRESET_NAMES + LAYOUT_NAMES)}), "
+        f" ({', '.join(PRESET_NAMES + LAYOUT_NAMES + SHAPE_NAMES)}), "
         "a directory with config.json, nor a hub ID (ORG/NAME)"
     )
