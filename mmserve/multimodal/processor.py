@@ -19,6 +19,7 @@ from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image.prep import ImagePreparer
 from mmserve.multimodal.image.text_expansion import ImageTextExpander
 from mmserve.multimodal.media.policy import MediaFetchPolicy
+from mmserve.multimodal.placeholders import placeholder_places, spliced
 from mmserve.multimodal.request_kwargs import (
     PreparerCache,
     canonical,
@@ -115,8 +116,8 @@ class InputProcessor:
         ids = np.asarray(self.tokenize(prompt.prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
-        places = _places(ids, self.model_config.image_token_id, len(images), "image")
-        video_places = _places(ids, self.videos.token_id, len(videos), "video")
+        places = placeholder_places(ids, self.model_config.image_token_id, len(images), "image")
+        video_places = placeholder_places(ids, self.videos.token_id, len(videos), "video")
         self.check_num_images(len(images))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
@@ -149,7 +150,7 @@ class InputProcessor:
                 items.append(MultiModalItem(key, place + shift, length, prepared.data))
             expansions.append(np.full(length, ids[place]) if expansion is None else expansion)
             shift += length - 1
-        return ProcessedPrompt(_spliced(ids, [p for p, _, _ in order], expansions), items)
+        return ProcessedPrompt(spliced(ids, [p for p, _, _ in order], expansions), items)
 
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
@@ -267,16 +268,6 @@ class InputProcessor:
         return prepared
 
 
-def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.ndarray:
-    """Indices of ``token`` in ``ids``; ValueError unless there is one per given item."""
-    places = np.flatnonzero(ids == token) if token is not None else np.empty(0, np.int64)
-    if len(places) != count:
-        raise ValueError(
-            f"prompt has {len(places)} {kind} placeholder(s) but {count} {kind}(s) were given"
-        )
-    return places
-
-
 def memo_key(
     raw: bytes | str,
     cache_salt: str | None = None,
@@ -293,12 +284,3 @@ def memo_key(
 
 def _no_loader(kwargs: dict[str, Any]) -> Any:
     raise ValueError("per-request mm_processor_kwargs need an image processor loader")
-
-
-def _spliced(ids: np.ndarray, places: list[int], expansions: list[np.ndarray]) -> list[int]:
-    """``ids`` with the token at each of the (ascending) ``places`` replaced by its expansion."""
-    starts, ends = [0, *(p + 1 for p in places)], [*places, len(ids)]
-    parts: list[np.ndarray] = []
-    for start, end, expansion in zip(starts, ends, [*expansions, ids[:0]], strict=True):
-        parts += [ids[start:end], expansion]
-    return np.concatenate(parts).tolist()
