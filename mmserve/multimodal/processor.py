@@ -27,16 +27,11 @@ from mmserve.multimodal.request_kwargs import (
     image_kwargs,
 )
 from mmserve.multimodal.sampling_keys import without_sampling
-from mmserve.multimodal.video.inputs import VideoInputs
+from mmserve.multimodal.video.inputs import VideoInputs, checkpoint_sampling
 from mmserve.multimodal.video.memo import AnyPreparedVideo
 from mmserve.multimodal.video.onevision import PreparedOnevisionVideo
 from mmserve.multimodal.video.prep import PreparedVideo
-from mmserve.multimodal.video.qwen3 import (
-    QWEN3_VL_ARCHITECTURE,
-    Qwen3VideoSampling,
-    timestamp_tokens,
-)
-from mmserve.multimodal.video.sampling import VideoSampling
+from mmserve.multimodal.video.qwen3 import timestamp_tokens
 from mmserve.multimodal.video.source import VideoLoader
 
 
@@ -70,10 +65,7 @@ class InputProcessor:
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
-        qwen3 = model_config.architecture == QWEN3_VL_ARCHITECTURE
-        sampling = (Qwen3VideoSampling if qwen3 else VideoSampling).from_checkpoint(
-            model_config.path, image_processor, model_config.processor_kwargs
-        )
+        sampling = checkpoint_sampling(model_config, image_processor)
         self.video_loader = VideoLoader(media_policy, sampling)
         self.videos = VideoInputs(model_config, max_videos, self.video_loader)
         glue = self.preparer.image_inputs
@@ -84,7 +76,9 @@ class InputProcessor:
                 image_text, tokenizer, self.tokenize, model_config.image_token_id
             )
         elif glue and glue.tiled_text:
-            self.image_text_expander = TiledImageExpander(tokenizer, self.tokenize, model_config)
+            self.image_text_expander = TiledImageExpander(
+                tokenizer, self.tokenize, model_config, self.videos.smolvlm
+            )
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -164,8 +158,8 @@ class InputProcessor:
         self, prompt: PromptInput, merged: dict[str, Any] | None
     ) -> ProcessedPrompt:
         """Families whose processor expands the image marker in the text (``ImageText``;
-        SmolVLM's tiles): the images are checked and prepared here, the prompt built by
-        ``ImageTextExpander`` (``TiledImageExpander``)."""
+        SmolVLM's tiles, SmolVLM2's videos): the images and videos are checked and prepared
+        here, the prompt built by ``ImageTextExpander`` (``TiledImageExpander``)."""
         assert self.image_text_expander is not None
         images, uuids, cache_salt = prompt.images, prompt.uuids, prompt.cache_salt
         self.check_num_images(len(images))
@@ -178,7 +172,10 @@ class InputProcessor:
         def key_of(i: int, image: PreparedImage) -> str:
             return self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
 
-        return self.image_text_expander.expand(prompt.prompt, prepared, key_of)
+        if not isinstance(self.image_text_expander, TiledImageExpander):
+            return self.image_text_expander.expand(prompt.prompt, prepared, key_of)
+        videos = self.videos.spanned(list(prompt.videos), merged, cache_salt)
+        return self.image_text_expander.expand(prompt.prompt, prepared, key_of, videos)
 
     def _prepared(
         self, image: Any, num_images: int, cache_salt: str | None, mm_kwargs: Any
