@@ -63,11 +63,12 @@ class VideoFrames:
     """One decoded video as the processors take it: the sampled frames (``[T, H, W, 3]`` uint8
     array or a list of PIL images, in time order), the rate they were sampled at and each
     frame's time in seconds from the start (Qwen2.5-VL's absolute-time positions and Qwen3-VL's
-    timestamps come from these)."""
+    timestamps come from these), and the video's duration where known (SmolVLM2 writes it)."""
 
     frames: Any
     fps: float
     timestamps: tuple[float, ...]
+    duration: float | None = None  # of the whole video, in seconds (the decoder sets it)
 
 
 @dataclass

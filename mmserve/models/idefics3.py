@@ -2,7 +2,8 @@
 tile of an image + connector (pixel shuffle by ``scale_factor``, then one bias-free
 projection) + mmserve's Llama.
 
-An image is one encoder item spanning its whole prompt text (``multimodal.image.idefics3``):
+An image (a SmolVLM2 video alike: ``multimodal.video.smolvlm_prep``) is one encoder item
+spanning its whole prompt text (``multimodal.image.idefics3``):
 its data holds the tiles (the global image last) and ``span_ids``, the text's token ids.
 ``encode_images`` returns one row per span position: the text embedding of each tag and
 newline, and the tiles' embeddings, in order, at the ``<image>`` positions; this is what
@@ -25,6 +26,8 @@ from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
 from mmserve.models.vision.idefics3 import Idefics3VisionTower
 from mmserve.multimodal.image.idefics3 import image_seq_len, max_span_tokens
+from mmserve.multimodal.video.smolvlm import SmolVideoSampling, declares_video
+from mmserve.multimodal.video.smolvlm_prep import max_video_tokens
 
 # checkpoint key -> module name; Idefics3ForConditionalGeneration's and SmolVLM's alike.
 IDEFICS3_RENAME_RULES = [
@@ -86,6 +89,16 @@ class Idefics3ForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         """The longest text of one image (its item spans it all)."""
         return max_span_tokens(hf_config, processor_kwargs)
 
+    @staticmethod
+    def max_tokens_per_video_group(hf_config: Any, processor_kwargs: dict | None = None) -> int:
+        """A video's item spans all its frames (``video.smolvlm_prep``): the longest at the
+        sampling's ``max_frames``; 0 unless the checkpoint's processor declares video."""
+        path = getattr(hf_config, "_name_or_path", "") or ""
+        if not declares_video(path):
+            return 0
+        sampling = SmolVideoSampling.from_checkpoint(Path(path), None, processor_kwargs or {})
+        return max_video_tokens(image_seq_len(hf_config), sampling.max_frames)
+
     def load_weights(self, checkpoint_dir: Path) -> None:
         load_safetensors(
             self,
@@ -117,4 +130,5 @@ class Idefics3ForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
 
 
 class SmolVLMForConditionalGeneration(Idefics3ForConditionalGeneration):
-    """SmolVLM2's architecture name: the same model and checkpoint layout (images only)."""
+    """SmolVLM2's architecture name: the same model and checkpoint layout; a video's frames
+    are tiles of one item, encoded as an image's."""

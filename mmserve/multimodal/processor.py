@@ -19,6 +19,7 @@ from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
 from mmserve.multimodal.image.prep import ImagePreparer
 from mmserve.multimodal.image.text_expansion import ImageTextExpander
 from mmserve.multimodal.media.policy import MediaFetchPolicy
+from mmserve.multimodal.placeholders import placeholder_places, spliced
 from mmserve.multimodal.request_kwargs import (
     PreparerCache,
     canonical,
@@ -26,16 +27,11 @@ from mmserve.multimodal.request_kwargs import (
     image_kwargs,
 )
 from mmserve.multimodal.sampling_keys import without_sampling
-from mmserve.multimodal.video.inputs import VideoInputs
+from mmserve.multimodal.video.inputs import VideoInputs, checkpoint_sampling
 from mmserve.multimodal.video.memo import AnyPreparedVideo
 from mmserve.multimodal.video.onevision import PreparedOnevisionVideo
 from mmserve.multimodal.video.prep import PreparedVideo
-from mmserve.multimodal.video.qwen3 import (
-    QWEN3_VL_ARCHITECTURE,
-    Qwen3VideoSampling,
-    timestamp_tokens,
-)
-from mmserve.multimodal.video.sampling import VideoSampling
+from mmserve.multimodal.video.qwen3 import timestamp_tokens
 from mmserve.multimodal.video.source import VideoLoader
 
 
@@ -69,10 +65,7 @@ class InputProcessor:
         self.preparer = ImagePreparer(model_config, image_processor, media_policy)
         self.preparers = PreparerCache(self.preparer, load_image_processor or _no_loader)
         self.memo = ProcessedImageMemo()
-        qwen3 = model_config.architecture == QWEN3_VL_ARCHITECTURE
-        sampling = (Qwen3VideoSampling if qwen3 else VideoSampling).from_checkpoint(
-            model_config.path, image_processor, model_config.processor_kwargs
-        )
+        sampling = checkpoint_sampling(model_config, image_processor)
         self.video_loader = VideoLoader(media_policy, sampling)
         self.videos = VideoInputs(model_config, max_videos, self.video_loader)
         glue = self.preparer.image_inputs
@@ -83,7 +76,9 @@ class InputProcessor:
                 image_text, tokenizer, self.tokenize, model_config.image_token_id
             )
         elif glue and glue.tiled_text:
-            self.image_text_expander = TiledImageExpander(tokenizer, self.tokenize, model_config)
+            self.image_text_expander = TiledImageExpander(
+                tokenizer, self.tokenize, model_config, self.videos.smolvlm
+            )
 
     @property
     def media_policy(self) -> MediaFetchPolicy:
@@ -115,8 +110,8 @@ class InputProcessor:
         ids = np.asarray(self.tokenize(prompt.prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
-        places = _places(ids, self.model_config.image_token_id, len(images), "image")
-        video_places = _places(ids, self.videos.token_id, len(videos), "video")
+        places = placeholder_places(ids, self.model_config.image_token_id, len(images), "image")
+        video_places = placeholder_places(ids, self.videos.token_id, len(videos), "video")
         self.check_num_images(len(images))
         if uuids is not None and len(uuids) != len(images):
             raise ValueError(f"got {len(uuids)} uuids for {len(images)} images")
@@ -149,7 +144,7 @@ class InputProcessor:
                 items.append(MultiModalItem(key, place + shift, length, prepared.data))
             expansions.append(np.full(length, ids[place]) if expansion is None else expansion)
             shift += length - 1
-        return ProcessedPrompt(_spliced(ids, [p for p, _, _ in order], expansions), items)
+        return ProcessedPrompt(spliced(ids, [p for p, _, _ in order], expansions), items)
 
     def prepare_video(
         self, video: Any, mm_kwargs: Any = None, cache_salt: str | None = None
@@ -163,8 +158,8 @@ class InputProcessor:
         self, prompt: PromptInput, merged: dict[str, Any] | None
     ) -> ProcessedPrompt:
         """Families whose processor expands the image marker in the text (``ImageText``;
-        SmolVLM's tiles): the images are checked and prepared here, the prompt built by
-        ``ImageTextExpander`` (``TiledImageExpander``)."""
+        SmolVLM's tiles, SmolVLM2's videos): the images and videos are checked and prepared
+        here, the prompt built by ``ImageTextExpander`` (``TiledImageExpander``)."""
         assert self.image_text_expander is not None
         images, uuids, cache_salt = prompt.images, prompt.uuids, prompt.cache_salt
         self.check_num_images(len(images))
@@ -177,7 +172,10 @@ class InputProcessor:
         def key_of(i: int, image: PreparedImage) -> str:
             return self.item_key(image, uuids[i] if uuids is not None else None, cache_salt, merged)
 
-        return self.image_text_expander.expand(prompt.prompt, prepared, key_of)
+        if not isinstance(self.image_text_expander, TiledImageExpander):
+            return self.image_text_expander.expand(prompt.prompt, prepared, key_of)
+        videos = self.videos.spanned(list(prompt.videos), merged, cache_salt)
+        return self.image_text_expander.expand(prompt.prompt, prepared, key_of, videos)
 
     def _prepared(
         self, image: Any, num_images: int, cache_salt: str | None, mm_kwargs: Any
@@ -267,16 +265,6 @@ class InputProcessor:
         return prepared
 
 
-def _places(ids: np.ndarray, token: int | None, count: int, kind: str) -> np.ndarray:
-    """Indices of ``token`` in ``ids``; ValueError unless there is one per given item."""
-    places = np.flatnonzero(ids == token) if token is not None else np.empty(0, np.int64)
-    if len(places) != count:
-        raise ValueError(
-            f"prompt has {len(places)} {kind} placeholder(s) but {count} {kind}(s) were given"
-        )
-    return places
-
-
 def memo_key(
     raw: bytes | str,
     cache_salt: str | None = None,
@@ -293,12 +281,3 @@ def memo_key(
 
 def _no_loader(kwargs: dict[str, Any]) -> Any:
     raise ValueError("per-request mm_processor_kwargs need an image processor loader")
-
-
-def _spliced(ids: np.ndarray, places: list[int], expansions: list[np.ndarray]) -> list[int]:
-    """``ids`` with the token at each of the (ascending) ``places`` replaced by its expansion."""
-    starts, ends = [0, *(p + 1 for p in places)], [*places, len(ids)]
-    parts: list[np.ndarray] = []
-    for start, end, expansion in zip(starts, ends, [*expansions, ids[:0]], strict=True):
-        parts += [ids[start:end], expansion]
-    return np.concatenate(parts).tolist()

@@ -31,6 +31,7 @@ REQUEST_KWARGS: dict[str, tuple[str, ...]] = {
     "Qwen2_5_VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Qwen3VLForConditionalGeneration": _PIXELS + VIDEO_KWARGS,
     "Gemma3ForConditionalGeneration": ("do_pan_and_scan",),
+    "SmolVLMForConditionalGeneration": VIDEO_KWARGS,  # SmolVLM2's frame sampling
 }
 MAX_PREPARERS = 16  # distinct kwargs settings kept loaded (least recently used go first)
 

@@ -26,18 +26,39 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from mmserve.inputs import MultiModalItem, ProcessedPrompt
+from mmserve.inputs import MultiModalItem, ProcessedPrompt, VideoGroup
 from mmserve.multimodal.image.memo import PreparedImage
 
 IDEFICS3_ARCHITECTURES = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
 FAKE, IMAGE, GLOBAL = "<fake_token_around_image>", "<image>", "<global-img>"
+VIDEO = "<video>"
+
+
+@dataclass(frozen=True)
+class SpannedText:
+    """One input as the processor writes it into the prompt (``text``, in place of its
+    ``marker``) and the one encoder item over its ``span_text``: from its first
+    ``<fake_token_around_image>`` to its last, so its tokenization never depends on the text
+    around it. An image's span is its whole text; a video's (SmolVLM2) every frame and the
+    timestamps between them."""
+
+    marker: str
+    text: str
+    span_text: str
+    key: str
+    data: dict[str, Any]
+    video: VideoGroup | None = None
+    label: str = "an input's text"
+
 
 Tokenize = Callable[[str | Sequence[int]], list[int]]
 ItemKey = Callable[[int, PreparedImage], str]
@@ -130,8 +151,12 @@ class TiledImageExpander:
     either bare ``<image>`` marker tokens or every image's text already (canonically
     tokenized)."""
 
-    def __init__(self, tokenizer: Any, tokenize: Tokenize, model_config: Any) -> None:
-        """``tokenize``: prompt -> token ids (checked against the vocabulary)."""
+    def __init__(
+        self, tokenizer: Any, tokenize: Tokenize, model_config: Any, video_markers: bool = False
+    ) -> None:
+        """``tokenize``: prompt -> token ids (checked against the vocabulary);
+        ``video_markers``: whether ``<video>`` in a text prompt marks a video (SmolVLM2)."""
+        self.video_markers = video_markers
         self.tokenizer = tokenizer
         self.tokenize = tokenize
         self.seq_len = image_seq_len(model_config.hf_config)
@@ -157,41 +182,92 @@ class TiledImageExpander:
         return self._spans[key]
 
     def expand(
-        self, prompt: str | Sequence[int], prepared: list[PreparedImage], key_of: ItemKey
+        self,
+        prompt: str | Sequence[int],
+        prepared: list[PreparedImage],
+        key_of: ItemKey,
+        videos: Sequence[SpannedText] = (),
     ) -> ProcessedPrompt:
-        """Token ids with each image's text and one item per image over it, in prompt order.
-        ``key_of(i, image)``: the item key of image ``i``."""
-        spans = [self.span_ids(p.data["rows"], p.data["cols"]) for p in prepared]
+        """Token ids with each image's (and video's) text and one item per input over it, in
+        prompt order. ``key_of(i, image)``: the item key of image ``i``; ``videos``: each
+        video's text and item (SmolVLM2), written in place of its ``<video>`` marker."""
+        images = [self._image_text(i, p, key_of(i, p)) for i, p in enumerate(prepared)]
+        spans = {id(t): self._span(t) for t in [*images, *videos]}
+        order: list[SpannedText] | None = None
         if isinstance(prompt, str):
-            parts = prompt.split(IMAGE)
-            texts = [tile_text(p.data["rows"], p.data["cols"], self.seq_len) for p in prepared]
-            prompt = parts[0] + "".join(t + part for t, part in zip(texts, parts[1:], strict=True))
+            prompt, order = self._written(prompt, images, list(videos))
         ids = np.asarray(self.tokenize(prompt), dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prompt is empty")
         if not isinstance(prompt, str) and prepared and not (ids == self.fake_token_id).any():
-            ids = self._expand_marker_tokens(ids, spans)
-        wanted = sum(int((span == self.image_token_id).sum()) for span in spans)
+            if videos:
+                raise ValueError(
+                    "a token-id prompt with a video must hold the video's text as the"
+                    " processor writes it"
+                )
+            ids = self._expand_marker_tokens(ids, [spans[id(t)] for t in images])
+        wanted = sum(int((span == self.image_token_id).sum()) for span in spans.values())
         if int((ids == self.image_token_id).sum()) != wanted:
             raise ValueError(
                 f"prompt has {int((ids == self.image_token_id).sum())} image tokens, its"
-                f" {len(prepared)} image(s) need {wanted}"
+                f" {len(prepared)} image(s) and {len(videos)} video(s) need {wanted}"
             )
         items: list[MultiModalItem] = []
         cursor = 0
         starts = np.flatnonzero(ids == self.fake_token_id)
-        for i, (image, span) in enumerate(zip(prepared, spans, strict=True)):
+        pending = [list(videos), images]  # a token-id prompt: the next video, else image
+        for step in range(len(spans)):
             later = starts[starts >= cursor]
             start = int(later[0]) if len(later) else len(ids)
-            if not np.array_equal(ids[start : start + len(span)], span):
+            options = [order[step]] if order is not None else [q[0] for q in pending if q]
+            found = [
+                t
+                for t in options
+                if np.array_equal(ids[start : start + len(spans[id(t)])], spans[id(t)])
+            ]
+            if not found:
                 raise ValueError(
-                    f"image {i}'s text is not in the prompt as its processor writes it"
-                    f" ({image.data['rows']}x{image.data['cols']} tiles)"
+                    f"{options[-1].label} is not in the prompt as its processor writes it"
                 )
-            data = {**image.data, "span_ids": span}
-            items.append(MultiModalItem(key_of(i, image), start, len(span), data))
+            text = found[0]
+            for queue in pending:
+                if queue and queue[0] is text:
+                    queue.pop(0)
+            span = spans[id(text)]
+            data = {**text.data, "span_ids": span}
+            items.append(MultiModalItem(text.key, start, len(span), data, text.video))
             cursor = start + len(span)
         return ProcessedPrompt(ids.tolist(), items)
+
+    def _image_text(self, i: int, image: PreparedImage, key: str) -> SpannedText:
+        rows, cols = image.data["rows"], image.data["cols"]
+        text = tile_text(rows, cols, self.seq_len)
+        label = f"image {i}'s text ({rows}x{cols} tiles)"
+        return SpannedText(IMAGE, text, text, key, image.data, label=label)
+
+    def _span(self, text: SpannedText) -> np.ndarray:
+        """The canonical token ids of the part of ``text`` its item spans."""
+        if text.marker == IMAGE:
+            return self.span_ids(text.data["rows"], text.data["cols"])
+        ids = self.tokenizer(text.span_text, add_special_tokens=False)["input_ids"]
+        return np.asarray(ids, dtype=np.int64)
+
+    def _written(
+        self, prompt: str, images: list[SpannedText], videos: list[SpannedText]
+    ) -> tuple[str, list[SpannedText]]:
+        """A text prompt with each marker replaced by its input's text, and the inputs in
+        prompt order (``<video>`` is a marker only for a model given videos)."""
+        if prompt.count(VIDEO) != len(videos) and (videos or self.video_markers):
+            raise ValueError(
+                f"prompt has {prompt.count(VIDEO)} video placeholder(s) but {len(videos)}"
+                " video(s) were given"
+            )
+        markers = f"({re.escape(IMAGE)}|{re.escape(VIDEO)})" if videos else f"({re.escape(IMAGE)})"
+        parts = re.split(markers, prompt)
+        queues = {IMAGE: iter(images), VIDEO: iter(videos)}
+        order = [next(queues[marker]) for marker in parts[1::2]]
+        texts = [t.text for t in order]
+        return parts[0] + "".join(t + p for t, p in zip(texts, parts[2::2], strict=True)), order
 
     def _expand_marker_tokens(self, ids: np.ndarray, spans: list[np.ndarray]) -> np.ndarray:
         """A token-id prompt with bare ``<image>`` marker tokens: each becomes its image's

@@ -185,4 +185,5 @@ def _decode(
             " truncated or corrupt)"
         )
     rate, timestamps = sampled_timing(indices, total, video_fps)
-    return VideoFrames(out, rate, timestamps)
+    duration = float(total / (stream.average_rate or stream.guessed_rate))
+    return VideoFrames(out, rate, timestamps, duration)

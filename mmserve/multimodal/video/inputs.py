@@ -9,6 +9,7 @@ from typing import Any
 
 from mmserve.config import ModelConfig
 from mmserve.inputs import VideoFrames
+from mmserve.multimodal.image.idefics3 import IDEFICS3_ARCHITECTURES, SpannedText, image_seq_len
 from mmserve.multimodal.request_kwargs import canonical
 from mmserve.multimodal.sampling_keys import without_sampling
 from mmserve.multimodal.video.memo import (
@@ -30,11 +31,39 @@ from mmserve.multimodal.video.onevision import (
 from mmserve.multimodal.video.prep import checked_video, hash_video, preprocessed
 from mmserve.multimodal.video.qwen2_vl import (
     VIDEO_ARCHITECTURES,
-    VideoSettings,
     load_video_settings,
 )
-from mmserve.multimodal.video.qwen3 import QWEN3_VL_ARCHITECTURE, load_qwen3_video_settings
+from mmserve.multimodal.video.qwen3 import (
+    QWEN3_VL_ARCHITECTURE,
+    Qwen3VideoSampling,
+    load_qwen3_video_settings,
+)
+from mmserve.multimodal.video.sampling import VideoSampling
+from mmserve.multimodal.video.smolvlm import (
+    SmolVideoSampling,
+    SmolVideoSettings,
+    declares_video,
+    load_smolvlm_video_settings,
+)
+from mmserve.multimodal.video.smolvlm_prep import (
+    PreparedSmolVideo,
+    checked_smolvlm_video,
+    hash_smolvlm_video,
+    preprocessed_smolvlm,
+    spanned_video,
+)
 from mmserve.multimodal.video.source import VideoLoader, is_encoded
+
+
+def checkpoint_sampling(model_config: ModelConfig, image_processor: Any) -> VideoSampling:
+    """The model's frame sampling (its family's rule, the checkpoint's settings, the engine's
+    ``--mm-processor-kwargs``)."""
+    cls: type[VideoSampling] = VideoSampling
+    if model_config.architecture == QWEN3_VL_ARCHITECTURE:
+        cls = Qwen3VideoSampling
+    elif model_config.architecture in IDEFICS3_ARCHITECTURES:
+        cls = SmolVideoSampling
+    return cls.from_checkpoint(model_config.path, image_processor, model_config.processor_kwargs)
 
 
 class VideoInputs:
@@ -52,11 +81,16 @@ class VideoInputs:
         self.loader = loader
         self.max_videos = max_videos
         self.onevision = model_config.architecture == ONEVISION_ARCHITECTURE
-        self.accepted = model_config.architecture in VIDEO_ARCHITECTURES or self.onevision
+        self.smolvlm = model_config.architecture in IDEFICS3_ARCHITECTURES and declares_video(
+            model_config.path
+        )  # SmolVLM2: videos written as text (``spanned``), no video token
+        self.accepted = (
+            model_config.architecture in VIDEO_ARCHITECTURES or self.onevision or self.smolvlm
+        )
         self.token_id: int | None = (
             getattr(model_config.hf_config, "video_token_id", None) if self.accepted else None
         )
-        self._settings: dict[str, VideoSettings | OnevisionVideoSettings] = {}
+        self._settings: dict[str, AnyVideoSettings] = {}
         self.memo = PreparedVideoMemo()
         self._lock = threading.Lock()
 
@@ -69,19 +103,20 @@ class VideoInputs:
                 " (limit_mm_per_prompt)"
             )
 
-    def settings(
-        self, merged_kwargs: dict[str, Any] | None = None
-    ) -> VideoSettings | OnevisionVideoSettings:
+    def settings(self, merged_kwargs: dict[str, Any] | None = None) -> AnyVideoSettings:
         """Settings of the engine's processor kwargs, or of ``merged_kwargs`` when given."""
         mc = self.model_config
         kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
         kwargs = without_sampling(kwargs)  # fps & co. pick frames: one setting for all values
         key = canonical(kwargs)
         with self._lock:
-            found = self._settings.get(key)
+            found: AnyVideoSettings | None = self._settings.get(key)
         if found is None:
             if self.onevision:
                 found = load_onevision_video_settings(mc.path, mc.hf_config, kwargs)
+            elif self.smolvlm:
+                seq = image_seq_len(mc.hf_config)
+                found = load_smolvlm_video_settings(mc.path, mc.hf_config, seq, kwargs)
             else:
                 qwen3 = mc.architecture == QWEN3_VL_ARCHITECTURE
                 found = (load_qwen3_video_settings if qwen3 else load_video_settings)(
@@ -115,6 +150,8 @@ class VideoInputs:
             frames = self._checked(self.loader.load(source, sampling), settings)
             if isinstance(settings, OnevisionVideoSettings):
                 mm_hash = hash_onevision_video(frames, self.model_config.model, settings)
+            elif isinstance(settings, SmolVideoSettings):
+                mm_hash = hash_smolvlm_video(frames, self.model_config.model, settings)
             else:
                 mm_hash = hash_video(frames, self.model_config.model, settings)
         key = memo_key(mm_hash, cache_salt)
@@ -130,6 +167,8 @@ class VideoInputs:
         frames = self._checked(frames, look.settings)
         if isinstance(look.settings, OnevisionVideoSettings):
             prepared: AnyPreparedVideo = preprocessed_onevision(frames, look.mm_hash, look.settings)
+        elif isinstance(look.settings, SmolVideoSettings):
+            prepared = preprocessed_smolvlm(frames, look.mm_hash, look.settings)
         else:
             prepared = preprocessed(frames, look.mm_hash, look.settings)
         self.memo.put(look.key, prepared)
@@ -156,4 +195,20 @@ class VideoInputs:
         max_tokens = self.model_config.max_model_len - 1
         if isinstance(settings, OnevisionVideoSettings):
             return checked_onevision_video(frames, settings, max_tokens)
+        if isinstance(settings, SmolVideoSettings):
+            return checked_smolvlm_video(frames, settings, max_tokens)
         return checked_video(frames, settings, max_tokens)
+
+    def spanned(
+        self, videos: list[Any], merged_kwargs: dict[str, Any] | None, cache_salt: str | None
+    ) -> list[SpannedText]:
+        """SmolVLM2: each video (prepared here unless given as a ``PreparedSmolVideo``) as the
+        text its processor writes and the one item over its frames."""
+        texts = []
+        for i, video in enumerate(videos):
+            if not isinstance(video, PreparedSmolVideo):
+                video = self.prepare(video, merged_kwargs, cache_salt)
+            if not isinstance(video, PreparedSmolVideo):
+                raise ValueError(f"video {i} was prepared for another model family")
+            texts.append(spanned_video(video, i, cache_salt))
+        return texts

@@ -20,9 +20,11 @@ from mmserve.multimodal.video.onevision import OnevisionVideoSettings, PreparedO
 from mmserve.multimodal.video.prep import PreparedVideo
 from mmserve.multimodal.video.qwen2_vl import VideoSettings
 from mmserve.multimodal.video.sampling import VideoSampling
+from mmserve.multimodal.video.smolvlm import SmolVideoSettings
+from mmserve.multimodal.video.smolvlm_prep import PreparedSmolVideo
 
-AnyPreparedVideo = PreparedVideo | PreparedOnevisionVideo
-AnyVideoSettings = VideoSettings | OnevisionVideoSettings
+AnyPreparedVideo = PreparedVideo | PreparedOnevisionVideo | PreparedSmolVideo
+AnyVideoSettings = VideoSettings | OnevisionVideoSettings | SmolVideoSettings
 
 
 class PreparedVideoMemo(ByteBoundedMemo[AnyPreparedVideo]):
