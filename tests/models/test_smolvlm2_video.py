@@ -13,7 +13,6 @@ against the real one where torchvision is installed.
 from __future__ import annotations
 
 import base64
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,10 +33,10 @@ from mmserve.multimodal.video.smolvlm import (
     preprocess_smolvlm_video,
     smolvlm_indices,
 )
-from tests.conftest import assert_no_leaks, make_image
-from tests.openai_server import serve_model
-from tests.video_chat import offline_answer, served_answer
-from tests.video_helpers import make_video
+from tests.support.engine import assert_no_leaks
+from tests.support.images import make_image
+from tests.support.video import make_video
+from tests.support.video_chat import offline_answer, served_answer
 
 MODEL = "tiny-smolvlm2-hub"  # video_sampling: fps 1, max_frames 64; 64-pixel tiles of 16
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -266,7 +265,7 @@ def test_pixels_match_torchvision():
         torch.testing.assert_close(torch.from_numpy(got), want["pixel_values"][0], rtol=0, atol=0)
 
 
-def test_served_video_chat_answers_as_the_offline_api():
+def test_served_video_chat_answers_as_the_offline_api(serve_model):
     expected = offline_answer(MODEL)
-    with contextmanager(serve_model)(MODEL) as server:
+    with serve_model(MODEL) as server:
         assert served_answer(server.url, MODEL) == expected
