@@ -16,6 +16,7 @@ import importlib.util
 import os
 import platform
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -57,9 +58,15 @@ def compile_rank(source: str) -> int:
 def parallel_build_ext(base: Any, jobs: int) -> Any:
     """``base`` (torch's BuildExtension) compiling all sources of all extensions on one pool of
     ``jobs`` compiler processes; extensions build side by side, so one links while the next
-    compiles."""
+    compiles. The variants share their sources, so each writes its objects under a folder of
+    its own name: sharing one folder, a variant's library could link another's objects."""
+    building = threading.local()  # the extension this build thread is building
 
     class ParallelBuildExtension(base):
+        def build_extension(self, ext: Any) -> None:
+            building.name = ext.name.rsplit(".", 1)[-1]
+            super().build_extension(ext)
+
         def build_extensions(self) -> None:
             self.parallel = len(self.extensions)  # threads that only wait on the pool
             compile_each = self.compiler.compile
@@ -71,6 +78,8 @@ def parallel_build_ext(base: Any, jobs: int) -> Any:
                 with ThreadPoolExecutor(jobs) as pool:
 
                     def compile_all(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+                        output_dir = kwargs.get("output_dir") or self.build_temp
+                        kwargs["output_dir"] = os.path.join(output_dir, building.name)
                         futures = {
                             source: pool.submit(compile_each, [source], *args, **kwargs)
                             for source in sorted(sources, key=compile_rank)

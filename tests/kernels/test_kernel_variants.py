@@ -147,3 +147,58 @@ def test_without_a_compiler_the_package_still_builds_and_says_why(tmp_path):
     )
     assert reason.stdout.startswith("None no CPU kernel for capability"), reason.stderr[-2000:]
     assert "C++ compiler" in reason.stdout and f"{ENV_VAR}=all" in reason.stdout
+
+
+FAKE_COMPILER = """#!{python}
+import sys, time
+args = sys.argv[1:]
+if "-o" not in args:  # torch asks for the compiler's version
+    print("g++ (GCC) 12.2.0")
+    sys.exit(0)
+out = args[args.index("-o") + 1]
+if "-c" in args:  # an object file records the variant its flags name
+    name = next(a for a in args if a.startswith("-DTORCH_EXTENSION_NAME="))
+    time.sleep(0.3)  # long enough for another variant's compile of the same source to overlap
+    open(out, "w").write(name + "\\n")
+elif "-shared" in args:  # a library is its objects, concatenated
+    objects = [a for a in args if a.endswith(".o")]
+    open(out, "w").write("".join(open(o).read() for o in objects))
+"""
+
+
+def test_variants_built_together_keep_their_own_objects(tmp_path):
+    """``MMSERVE_KERNEL_VARIANTS=all`` compiles the same sources once per variant, side by side:
+    each variant's objects go to their own folder, so one variant's library never links another
+    variant's objects (an AVX-512 object in the AVX2 library would crash an AVX2 CPU)."""
+    root = SETUP_PY.parent
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(root / name, tmp_path / name)
+    shutil.copytree(
+        root / "mmserve", tmp_path / "mmserve", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    compiler = tmp_path / "fake-c++"
+    compiler.write_text(FAKE_COMPILER.format(python=sys.executable))
+    compiler.chmod(0o755)
+    env = {
+        **os.environ,
+        ENV_VAR: "all",
+        "MAX_JOBS": "6",
+        "CC": str(compiler),
+        "CXX": str(compiler),
+        "LDSHARED": f"{compiler} -shared",
+    }
+    build = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace", "--build-temp", "tmp"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    names = variants_to_build("all", torch.backends.cpu.get_cpu_capability(), platform.machine())
+    assert len(names) > 1
+    for name in names:
+        (library,) = (tmp_path / "mmserve" / "kernels").glob(f"_C_{name}.*")
+        flags = set(library.read_text().split())
+        assert flags == {f"-DTORCH_EXTENSION_NAME=_C_{name}"}, (name, flags)
