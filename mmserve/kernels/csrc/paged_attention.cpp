@@ -14,7 +14,7 @@
 // with float32 accumulators; prefill tiles vectorize scores and softmax across query rows,
 // decodes take one dot product per key.
 #include "ops.h"
-#include "paged_attention_kernels.h"
+#include "paged_attention_launch.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -27,95 +27,8 @@
 #include <numeric>
 #include <vector>
 
-namespace {
-
-using namespace mmserve_attention;
-
-template <typename T>
-std::vector<WorkItem> plan(const Args<T>& a, int64_t num_seqs) {
-  std::vector<WorkItem> items;
-  const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
-  const int tile = std::max(1, TILE_ROWS / group);
-  for (int32_t b = 0; b < num_seqs; ++b) {
-    const int q_len = a.query_start_loc[b + 1] - a.query_start_loc[b];
-    const int first = a.seq_lens[b] - q_len;
-    for (int32_t q0 = 0; q0 < q_len; q0 += tile) {
-      const int32_t q1 = std::min(q_len, q0 + tile);
-      const int64_t cost = static_cast<int64_t>(q_len == 1 ? group : TILE_ROWS) * (first + q1);
-      for (int32_t h = 0; h < a.num_kv_heads; ++h) items.push_back({b, h, q0, q1, cost + 64});
-    }
-  }
-  return items;
-}
-
-// Longest-processing-time binning: one bin of items per thread, similar total cost.
-std::vector<std::vector<WorkItem>> bin_items(std::vector<WorkItem> items, int bins) {
-  std::sort(items.begin(), items.end(),
-            [](const WorkItem& x, const WorkItem& y) { return x.cost > y.cost; });
-  std::vector<std::vector<WorkItem>> out(bins);
-  std::vector<int64_t> load(bins, 0);
-  for (const auto& it : items) {
-    const int b = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    out[b].push_back(it);
-    load[b] += it.cost;
-  }
-  return out;
-}
-
-template <int D, typename T>
-void run(const Args<T>& a, int64_t num_seqs) {
-  static_assert(D % L == 0, "head_dim must be a multiple of 16");
-  const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
-  const int bins = std::max(1, at::get_num_threads());
-  const auto work = bin_items(plan(a, num_seqs), bins);
-  at::parallel_for(0, bins, 1, [&](int64_t begin, int64_t end) {
-    Scratch<D> scratch;
-    for (int64_t b = begin; b < end; ++b) {
-      for (const auto& item : work[b]) {
-        const bool decode = a.query_start_loc[item.seq + 1] - a.query_start_loc[item.seq] == 1;
-        if (decode && group <= TILE_ROWS) {
-          attend_decode<D, T>(a, item, group, scratch);
-        } else {
-          attend_tile<D, T>(a, item, group, scratch);
-        }
-      }
-    }
-  });
-}
-
-template <typename T>
-void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const at::Tensor& block_tables, const at::Tensor& qsl, const at::Tensor& lens,
-            at::Tensor& out, double scale, int64_t block_size) {
-  const int64_t num_seqs = block_tables.size(0);
-  Args<T> a{q.data_ptr<T>(),           k_cache.data_ptr<T>(),  v_cache.data_ptr<T>(),
-            out.data_ptr<T>(),         block_tables.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(),
-            lens.data_ptr<int32_t>(),  block_tables.size(1),   block_size,
-            q.size(1),                 k_cache.size(1),        static_cast<float>(scale),
-            q.stride(0)};
-  const int64_t num_blocks = k_cache.size(0) / block_size;
-  const int32_t* table = a.block_tables;
-  for (int64_t i = 0; i < num_seqs * a.max_blocks; ++i) {
-    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
-  }
-  for (int64_t b = 0; b < num_seqs; ++b) {
-    const int32_t n = a.query_start_loc[b + 1] - a.query_start_loc[b];
-    TORCH_CHECK(n >= 0 && a.seq_lens[b] >= n, "sequence ", b, ": seq_len below its query count");
-    TORCH_CHECK((a.seq_lens[b] + block_size - 1) / block_size <= a.max_blocks,
-                "sequence ", b, ": block table too short for seq_len");
-  }
-  switch (q.size(2)) {
-    case 32: run<32, T>(a, num_seqs); break;
-    case 64: run<64, T>(a, num_seqs); break;
-    case 80: run<80, T>(a, num_seqs); break;
-    case 96: run<96, T>(a, num_seqs); break;
-    case 128: run<128, T>(a, num_seqs); break;
-    case 256: run<256, T>(a, num_seqs); break;
-    default: TORCH_CHECK(false, "unsupported head_dim ", q.size(2), " (32, 64, 80, 96, 128, 256)");
-  }
-}
-
-}  // namespace
+using mmserve_attention::launch;
+using mmserve_attention::TILE_ROWS;
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,

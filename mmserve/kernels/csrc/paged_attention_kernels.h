@@ -23,6 +23,11 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint16_t v16u __attribute__((vector_size(32)));
 typedef _Float16 v16h __attribute__((vector_size(32)));
 
+// The head dims the kernel is built for (paged_attention_launch.h dispatches on them).
+#define MMSERVE_FOR_EACH_HEAD_DIM(X, T) X(32, T) X(64, T) X(80, T) X(96, T) X(128, T) X(256, T)
+#define MMSERVE_DECODE_INSTANCE(D, T) \
+  void attend_decode<D, T>(const Args<T>&, const WorkItem&, int, Scratch<D>&);
+
 constexpr int L = 16;         // lanes
 constexpr int KC = 16;        // keys per chunk
 static_assert(KC == L, "a key chunk is one vector of scores");
