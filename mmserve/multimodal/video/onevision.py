@@ -29,6 +29,7 @@ import torch
 
 from mmserve.inputs import MultiModalItem, VideoFrames, VideoGroup
 from mmserve.multimodal.hashing import salted
+from mmserve.multimodal.video.pixels import rescale_and_normalize
 from mmserve.multimodal.video.prep import video_frames
 from mmserve.multimodal.video.qwen2_vl import _config_dict
 
@@ -113,17 +114,7 @@ def preprocess_onevision_video(frames: np.ndarray, settings: OnevisionVideoSetti
         video = torch.nn.functional.interpolate(
             video, size=size, mode=settings.resample, align_corners=False, antialias=True
         )
-    mean, std, scale = settings.mean, settings.std, settings.rescale_factor
-    if mean is not None and std is not None:
-        mean_t, std_t = torch.tensor(mean), torch.tensor(std)
-        if scale is not None:
-            mean_t, std_t = mean_t * (1.0 / scale), std_t * (1.0 / scale)
-        values = video.to(torch.float32).sub_(mean_t.view(-1, 1, 1)).div_(std_t.view(-1, 1, 1))
-    elif scale is not None:
-        values = video * scale
-    else:
-        values = video.to(torch.float32)
-    return values.numpy()
+    return rescale_and_normalize(video, settings.mean, settings.std, settings.rescale_factor)
 
 
 @dataclass(frozen=True)

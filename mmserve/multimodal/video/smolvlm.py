@@ -37,6 +37,7 @@ from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoPro
 
 from mmserve.inputs import VideoFrames
 from mmserve.multimodal.sampling_keys import VIDEO_KWARGS, without_sampling
+from mmserve.multimodal.video.pixels import rescale_and_normalize
 from mmserve.multimodal.video.sampling import VideoSampling
 
 SMOLVLM_PROCESSOR = "SmolVLMProcessor"
@@ -249,14 +250,4 @@ def preprocess_smolvlm_video(frames: np.ndarray, settings: SmolVideoSettings) ->
     height, width = video.shape[-2:]
     video = _resize(video, first_size(height, width, settings), settings.resample)
     video = _resize(video, (settings.tile, settings.tile), settings.resample)
-    mean, std, scale = settings.mean, settings.std, settings.rescale_factor
-    if mean is not None and std is not None:
-        mean_t, std_t = torch.tensor(mean), torch.tensor(std)
-        if scale is not None:
-            mean_t, std_t = mean_t * (1.0 / scale), std_t * (1.0 / scale)
-        values = video.to(torch.float32).sub_(mean_t.view(-1, 1, 1)).div_(std_t.view(-1, 1, 1))
-    elif scale is not None:
-        values = video * scale
-    else:
-        values = video.to(torch.float32)
-    return values.numpy()
+    return rescale_and_normalize(video, settings.mean, settings.std, settings.rescale_factor)
