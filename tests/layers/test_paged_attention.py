@@ -120,7 +120,7 @@ def test_backend_selection_falls_back_or_names_the_reason():
         select_attention_backend("flash", CPU, torch.float32, 64)
 
 
-def test_kernel_rejects_out_of_range_blocks():
+def test_kernel_rejects_out_of_range_blocks_and_other_head_dims():
     kernel = paged_attention_kernel()
     assert kernel is not None, unavailable_reason()
     k_cache = torch.zeros(4 * 16, 2, 64)
@@ -131,6 +131,18 @@ def test_kernel_rejects_out_of_range_blocks():
         kernel(q, k_cache, k_cache, table, qsl, lens, 0.125, 16)
     with pytest.raises(RuntimeError, match="block table too short"):
         kernel(q, k_cache, k_cache, table[:, :0].contiguous(), qsl, lens, 0.125, 16)
+    ok_table = torch.tensor([[1]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="unsupported head_dim 48"):
+        kernel(
+            q[..., :48].contiguous(),
+            k_cache[..., :48].contiguous(),
+            k_cache[..., :48].contiguous(),
+            ok_table,
+            qsl,
+            lens,
+            0.125,
+            16,
+        )
 
 
 @pytest.mark.parametrize("variant", ["avx512", "avx2", "generic"])

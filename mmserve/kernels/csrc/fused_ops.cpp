@@ -10,7 +10,6 @@
 #include "ops.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -101,7 +100,7 @@ void dispatch(at::ScalarType t, F&& f) {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
-  auto out = at::empty_like(x);
+  auto out = x.new_empty(x.sizes());  // x is contiguous: so is out
   const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
   dispatch(x.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
@@ -120,7 +119,7 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
   check_rows(residual, weight);
   check_rows(delta, weight);
   TORCH_CHECK(residual.sizes() == delta.sizes(), "residual and delta shapes differ");
-  auto out = at::empty_like(residual);
+  auto out = residual.new_empty(residual.sizes());
   const int64_t n = residual.size(-1), rows = residual.numel() / std::max<int64_t>(n, 1);
   dispatch(residual.scalar_type(), [&](auto zero) {
     using T = decltype(zero);

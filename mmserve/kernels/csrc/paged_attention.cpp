@@ -16,8 +16,6 @@
 #include "ops.h"
 #include "paged_attention_launch.h"
 
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +25,7 @@
 #include <numeric>
 #include <vector>
 
+using mmserve_attention::Args;
 using mmserve_attention::launch;
 using mmserve_attention::TILE_ROWS;
 
@@ -58,16 +57,37 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   TORCH_CHECK(num_heads / num_kv_heads <= TILE_ROWS, "more than ", TILE_ROWS,
               " query heads per kv head");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
-  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  // new_empty, not at::empty: ATen's per-op headers would double this file's compile time
+  auto out = q.new_empty({q.size(0), q.size(1), q.size(2)});
   const auto qsl = query_start_loc.contiguous();
   const auto lens = seq_lens.contiguous();
-  TORCH_CHECK(qsl[num_seqs].item<int32_t>() == q.size(0), "query_start_loc[-1] != tokens");
-  if (dtype == at::kFloat) {
-    launch<float>(q, k_cache, v_cache, block_tables, qsl, lens, out, scale, block_size);
-  } else if (dtype == at::kBFloat16) {
-    launch<c10::BFloat16>(q, k_cache, v_cache, block_tables, qsl, lens, out, scale, block_size);
-  } else {
-    launch<c10::Half>(q, k_cache, v_cache, block_tables, qsl, lens, out, scale, block_size);
+  const int32_t* starts = qsl.data_ptr<int32_t>();
+  const int32_t* lengths = lens.data_ptr<int32_t>();
+  TORCH_CHECK(starts[num_seqs] == q.size(0), "query_start_loc[-1] != tokens");
+  const int64_t max_blocks = block_tables.size(1);
+  const int64_t num_blocks = k_cache.size(0) / block_size;
+  const int32_t* table = block_tables.data_ptr<int32_t>();
+  for (int64_t i = 0; i < num_seqs * max_blocks; ++i) {
+    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
   }
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int32_t n = starts[b + 1] - starts[b];
+    TORCH_CHECK(n >= 0 && lengths[b] >= n, "sequence ", b, ": seq_len below its query count");
+    TORCH_CHECK((lengths[b] + block_size - 1) / block_size <= max_blocks, "sequence ", b,
+                ": block table too short for seq_len");
+  }
+  const auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const Args<T> args{q.data_ptr<T>(),   k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+                       out.data_ptr<T>(), table,                 starts,
+                       lengths,           max_blocks,            block_size,
+                       num_heads,         num_kv_heads,          static_cast<float>(scale),
+                       q.stride(0)};
+    return launch<T>(args, num_seqs, head_dim);
+  };
+  const bool supported = dtype == at::kFloat      ? run(float{})
+                         : dtype == at::kBFloat16 ? run(c10::BFloat16{})
+                                                  : run(c10::Half{});
+  TORCH_CHECK(supported, "unsupported head_dim ", head_dim, " (32, 64, 80, 96, 128, 256)");
   return out;
 }

@@ -3,8 +3,6 @@
 
 namespace mmserve_attention {
 
-template void launch<c10::BFloat16>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
-                          double, int64_t);
+template bool launch<c10::BFloat16>(const Args<c10::BFloat16>&, int64_t, int64_t);
 
 }  // namespace mmserve_attention

@@ -3,8 +3,6 @@
 
 namespace mmserve_attention {
 
-template void launch<float>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
-                          double, int64_t);
+template bool launch<float>(const Args<float>&, int64_t, int64_t);
 
 }  // namespace mmserve_attention

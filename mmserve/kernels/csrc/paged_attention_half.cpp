@@ -3,8 +3,6 @@
 
 namespace mmserve_attention {
 
-template void launch<c10::Half>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                          const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
-                          double, int64_t);
+template bool launch<c10::Half>(const Args<c10::Half>&, int64_t, int64_t);
 
 }  // namespace mmserve_attention

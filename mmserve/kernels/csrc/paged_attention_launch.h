@@ -1,13 +1,13 @@
 // The host side of the paged attention kernel (see paged_attention.cpp): the work plan, its
 // binning across threads and the per-head-dim dispatch, for one element type. Each element
 // type is compiled in its own file (paged_attention_<type>.cpp) so the three compile in
-// parallel; paged_attention.cpp sees only the declarations below.
+// parallel; paged_attention.cpp sees only the declarations below. These files take raw
+// pointers (Args), not tensors: ATen's tensor header would double each one's compile time.
 #pragma once
 
 #include "paged_attention_kernels.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -74,48 +74,24 @@ void run(const Args<T>& a, int64_t num_seqs) {
   });
 }
 
+// The kernel for one element type; paged_attention.cpp has checked the arguments, and head_dim
+// is one of MMSERVE_FOR_EACH_HEAD_DIM's (returns false for another).
 template <typename T>
-void launch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const at::Tensor& block_tables, const at::Tensor& qsl, const at::Tensor& lens,
-            at::Tensor& out, double scale, int64_t block_size) {
-  const int64_t num_seqs = block_tables.size(0);
-  Args<T> a{q.data_ptr<T>(),           k_cache.data_ptr<T>(),  v_cache.data_ptr<T>(),
-            out.data_ptr<T>(),         block_tables.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(),
-            lens.data_ptr<int32_t>(),  block_tables.size(1),   block_size,
-            q.size(1),                 k_cache.size(1),        static_cast<float>(scale),
-            q.stride(0)};
-  const int64_t num_blocks = k_cache.size(0) / block_size;
-  const int32_t* table = a.block_tables;
-  for (int64_t i = 0; i < num_seqs * a.max_blocks; ++i) {
-    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
-  }
-  for (int64_t b = 0; b < num_seqs; ++b) {
-    const int32_t n = a.query_start_loc[b + 1] - a.query_start_loc[b];
-    TORCH_CHECK(n >= 0 && a.seq_lens[b] >= n, "sequence ", b, ": seq_len below its query count");
-    TORCH_CHECK((a.seq_lens[b] + block_size - 1) / block_size <= a.max_blocks,
-                "sequence ", b, ": block table too short for seq_len");
-  }
-  switch (q.size(2)) {
-    case 32: run<32, T>(a, num_seqs); break;
-    case 64: run<64, T>(a, num_seqs); break;
-    case 80: run<80, T>(a, num_seqs); break;
-    case 96: run<96, T>(a, num_seqs); break;
-    case 128: run<128, T>(a, num_seqs); break;
-    case 256: run<256, T>(a, num_seqs); break;
-    default: TORCH_CHECK(false, "unsupported head_dim ", q.size(2), " (32, 64, 80, 96, 128, 256)");
+bool launch(const Args<T>& a, int64_t num_seqs, int64_t head_dim) {
+  switch (head_dim) {
+#define MMSERVE_RUN_CASE(D, T) \
+  case D:                      \
+    run<D, T>(a, num_seqs);    \
+    return true;
+    MMSERVE_FOR_EACH_HEAD_DIM(MMSERVE_RUN_CASE, T)
+#undef MMSERVE_RUN_CASE
+    default:
+      return false;
   }
 }
 
-
-extern template void launch<float>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   at::Tensor&, double, int64_t);
-extern template void launch<c10::BFloat16>(const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, const at::Tensor&, at::Tensor&,
-                                           double, int64_t);
-extern template void launch<c10::Half>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                       const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                       at::Tensor&, double, int64_t);
+extern template bool launch<float>(const Args<float>&, int64_t, int64_t);
+extern template bool launch<c10::BFloat16>(const Args<c10::BFloat16>&, int64_t, int64_t);
+extern template bool launch<c10::Half>(const Args<c10::Half>&, int64_t, int64_t);
 
 }  // namespace mmserve_attention
