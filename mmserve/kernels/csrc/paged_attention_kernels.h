@@ -1,8 +1,10 @@
-// Inner loops of the paged attention kernel (see paged_attention.cpp): vector helpers, one
+// Inner loops of the paged attention kernel (see paged_attention.cpp), on vec16.h's vectors: one
 // prefill tile (scores and softmax vectorized across query rows), one decode. Templated on the
 // element type T of q, the caches and out (float, c10::BFloat16, c10::Half): K/V are widened to
 // float as they are loaded, every score, softmax and accumulator is float, out is rounded once.
 #pragma once
+
+#include "vec16.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -16,19 +18,13 @@
 
 namespace mmserve_attention {
 
-
-// GCC/Clang vector extensions: 16 floats, lowered to one AVX-512 or two AVX2 registers.
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef uint16_t v16u __attribute__((vector_size(32)));
-typedef _Float16 v16h __attribute__((vector_size(32)));
+using namespace mmserve_simd;
 
 // The head dims the kernel is built for (paged_attention_launch.h dispatches on them).
 #define MMSERVE_FOR_EACH_HEAD_DIM(X, T) X(32, T) X(64, T) X(80, T) X(96, T) X(128, T) X(256, T)
 #define MMSERVE_DECODE_INSTANCE(D, T) \
   void attend_decode<D, T>(const Args<T>&, const WorkItem&, int, Scratch<D>&);
 
-constexpr int L = 16;         // lanes
 constexpr int KC = 16;        // keys per chunk
 static_assert(KC == L, "a key chunk is one vector of scores");
 constexpr int TILE_ROWS = 32; // query rows (positions x heads of a kv group) per prefill item
@@ -62,30 +58,6 @@ struct WorkItem {
   int64_t cost;
 };
 
-inline v16f splat(float x) { return v16f{} + x; }
-inline v16f load(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-// 16 bfloat16 -> float: the bits shifted into a float's upper half (exact)
-inline v16f load(const c10::BFloat16* p) {
-  v16u h;
-  std::memcpy(&h, p, sizeof(h));
-  return (v16f)(__builtin_convertvector(h, v16i) << 16);
-}
-// 16 float16 -> float (exact; one vcvtph2ps with F16C)
-inline v16f load(const c10::Half* p) {
-  v16h h;
-  std::memcpy(&h, p, sizeof(h));
-  return __builtin_convertvector(h, v16f);
-}
-inline void store(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
-template <typename T>
-inline float to_float(T x) {
-  return static_cast<float>(x);
-}
-
 // exp(x) for softmax arguments (x <= 0): Cephes' expf polynomial, about 1 ulp.
 inline v16f exp16(v16f x) {
   x = x < EXP_FLOOR ? splat(EXP_FLOOR) : x;
@@ -102,12 +74,6 @@ inline v16f exp16(v16f x) {
   y = y * r * r + r + 1.0f;
   const v16i bits = (__builtin_convertvector(fx, v16i) + 127) << 23;
   return y * (v16f)bits;  // same-size vector cast: a bit cast
-}
-
-inline float hsum(v16f v) {
-  float s = 0.f;
-  for (int i = 0; i < L; ++i) s += v[i];
-  return s;
 }
 
 inline float hmax(v16f v) {
