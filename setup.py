@@ -28,6 +28,7 @@ from setuptools import setup
 SOURCES = [
     "mmserve/kernels/csrc/module.cpp",
     "mmserve/kernels/csrc/paged_attention_decode.cpp",
+    "mmserve/kernels/csrc/small_batch_linear.cpp",
     "mmserve/kernels/csrc/paged_attention_float.cpp",
     "mmserve/kernels/csrc/paged_attention_bf16.cpp",
     "mmserve/kernels/csrc/paged_attention_half.cpp",

@@ -81,3 +81,12 @@ def cpu_kernels_apply(*tensors: torch.Tensor) -> bool:
     return dtype in kernel_dtypes() and all(
         t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous() for t in tensors
     )
+
+
+def small_batch_linear_kernel() -> tuple[Callable[..., torch.Tensor], int] | None:
+    """``(small_batch_linear, max_rows)``: ``x @ weight.T + bias`` for 1 to ``max_rows`` rows of
+    bfloat16/float16 CPU tensors (decode steps), or None for a build without it."""
+    module, _ = _load()
+    if module is None or not hasattr(module, "small_batch_linear"):
+        return None
+    return module.small_batch_linear, int(module.small_batch_linear_max_rows)

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from mmserve.layers.linear import Linear
 
-class StackedLinear(nn.Linear):
-    """One ``nn.Linear`` whose output rows are checkpoint layers stacked in order.
+
+class StackedLinear(Linear):
+    """One ``Linear`` whose output rows are checkpoint layers stacked in order.
 
     Invariants: shard ``i`` (checkpoint name ``<parent>.<shard_names[i]>``, e.g. ``q_proj``
     beside this module) owns rows ``offsets[i]:offsets[i + 1]`` of ``weight`` and ``bias``; the

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmserve.layers.linear import Linear
 from mmserve.layers.norm import RMSNorm
 from mmserve.models.gemma3_text import NORM_OFFSET, Gemma3TextModel
 from mmserve.models.llama import LlamaLMHeadMixin
@@ -79,7 +80,7 @@ class Gemma3ForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         self.vision_tower = SiglipVisionTower(hf_config.vision_config, -1, post_layernorm=True)
         self.multi_modal_projector = Gemma3MultiModalProjector(hf_config)
         self.language_model = Gemma3TextModel(text)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         if self._tied:
             self.lm_head.weight = self.language_model.embed_tokens.weight
         self.image_token_id = hf_config.image_token_id

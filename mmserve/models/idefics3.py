@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from mmserve.layers.linear import Linear
 from mmserve.layers.transfer import to_device_like
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
@@ -79,7 +80,7 @@ class Idefics3ForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         self.vision_tower = Idefics3VisionTower(hf_config.vision_config)
         self.connector = Idefics3Connector(hf_config)
         self.language_model = LlamaModel(text)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self.image_token_id = int(hf_config.image_token_id)
         self.image_seq_len = image_seq_len(hf_config)
         self._set_kv_geometry(text)

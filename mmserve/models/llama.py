@@ -15,6 +15,7 @@ from torch import nn
 
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache, paged_attention
 from mmserve.layers.fused_linear import StackedLinear
+from mmserve.layers.linear import Linear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import RotaryEmbedding, apply_rope_to_heads_, rope_theta
 
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         shards = [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)]
         self.qkv_proj = StackedLinear(hidden, shards, bias=qkv_bias)
-        self.o_proj = nn.Linear(q_size, hidden, bias=o_bias)
+        self.o_proj = Linear(q_size, hidden, bias=o_bias)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if qk_norm_offset is not None:
@@ -106,7 +107,7 @@ class MLP(nn.Module):
             )
         shards = [("gate_proj", intermediate), ("up_proj", intermediate)]
         self.gate_up_proj = StackedLinear(hidden, shards, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -207,7 +208,7 @@ class LlamaLMHeadMixin:
     Call ``_set_kv_geometry(text_config)`` at the end of ``__init__``."""
 
     language_model: LlamaModel
-    lm_head: nn.Linear
+    lm_head: Linear
     uses_mrope = False
     deepstack_layers = 0
     image_attention = "causal"

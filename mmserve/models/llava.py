@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from mmserve.layers.linear import Linear
 from mmserve.layers.transfer import to_device_like
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.loader import load_safetensors
@@ -54,7 +55,7 @@ class LlavaForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
             getattr(hf_config, "multimodal_projector_bias", True),
         )
         self.language_model = LlamaModel(text)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self._set_kv_geometry(text)
 
     @staticmethod

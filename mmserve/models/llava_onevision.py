@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmserve.layers.linear import Linear
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.llava import LLAVA_RENAME_RULES, LlavaProjector
 from mmserve.models.loader import load_safetensors
@@ -98,7 +99,7 @@ class AnyresLlava(LlamaLMHeadMixin, nn.Module):
         )
         self.packer = AnyresPacker(AnyresGeometry.from_config(hf_config), text.hidden_size)
         self.language_model = LlamaModel(text, qkv_bias=self.qkv_bias)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self._set_kv_geometry(text)
 
     def make_vision_tower(self, hf_config: Any) -> Any:

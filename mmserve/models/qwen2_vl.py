@@ -22,6 +22,7 @@ from torch import nn
 from transformers import Qwen2VLImageProcessorPil
 
 from mmserve.inputs import MultiModalItem
+from mmserve.layers.linear import Linear
 from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, VisionSpan, mrope_positions
 from mmserve.layers.rotary import rope_theta
 from mmserve.layers.transfer import to_device_like
@@ -140,7 +141,7 @@ class Qwen2VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         section = (text.rope_parameters or {}).get("mrope_section", [16, 24, 24])
         rotary = MRotaryEmbedding(head_dim, rope_theta(text), section)
         self.language_model = LlamaModel(text, qkv_bias=True, o_bias=False, rotary_emb=rotary)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self._set_kv_geometry(text)
 
     @staticmethod

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from mmserve.inputs import MultiModalItem
+from mmserve.layers.linear import Linear
 from mmserve.layers.mrope import MRopePositions, mrope_positions
 from mmserve.layers.transfer import to_device_like
 from mmserve.models.interface import DeepstackInputs
@@ -73,7 +74,7 @@ class Qwen3VLForConditionalGeneration(LlamaLMHeadMixin, nn.Module):
         self.deepstack_layers = num_deepstack_layers(hf_config)
         self.visual = Qwen3VisionTransformer(vision)
         self.language_model = Qwen3VLTextModel(text)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self._set_kv_geometry(text)
 
     @staticmethod
