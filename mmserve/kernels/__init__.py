@@ -2,7 +2,8 @@
 
 ``cpu_ops()`` is the extension module for this CPU (of the instruction-set variants it runs,
 ``variants.py``, the widest one the install built: ``paged_attention``, ``rms_norm``,
-``add_rms_norm``, ``rotary_embedding``, in the dtypes of ``kernel_dtypes()``), or None;
+``add_rms_norm``, ``rotary_embedding``, in the dtypes of ``kernel_dtypes()``;
+``small_batch_linear`` in bfloat16/float16), or None;
 ``unavailable_reason()`` says why not.
 ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off (the pure-torch paths run instead).
 """
