@@ -111,8 +111,8 @@ class HFReference:
         self.inputs = HFInputs(path, arch, processor_kwargs)
         self.tokenizer = self.inputs.tokenizer
         self.device = torch.device(device)
-        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
-        self.model.to(self.device).eval()
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
+        torch.nn.Module.to(self.model, self.device)  # transformers' typed ``to`` confuses mypy
         self.encoder_seconds = 0.0
         inner = self.model.model
         vision = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
