@@ -13,6 +13,12 @@ import torch
 
 import mmserve.worker.model_runner as model_runner
 from mmserve import LLM, SamplingParams
+from mmserve.bench.lib.closeness import (
+    Sample,
+    compare_samples,
+    mmserve_sample,
+    transformers_sample,
+)
 from tests.conftest import Reference, make_image
 from tests.models.test_qwen2_vl import QwenReference, chat_prompt
 
@@ -20,41 +26,17 @@ MAX_NEW = 16
 TOP = 5
 BF16_GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, logprobs=TOP)
 
-Sample = tuple[list[int], list[set[int]]]  # greedy tokens, each step's top-TOP token ids
-
 
 def check_logprobs_close(ours: Sample, theirs: Sample, name: str) -> int:
-    """vLLM's rule; returns how many leading tokens are equal."""
-    (our_tokens, our_top), (their_tokens, their_top) = ours, theirs
-    for i, (a, b) in enumerate(zip(our_tokens, their_tokens, strict=False)):
-        if a != b:
-            assert a in their_top[i], f"{name}: step {i}: ours {a} not in their top-{TOP}"
-            assert b in our_top[i], f"{name}: step {i}: theirs {b} not in our top-{TOP}"
-            return i
-    return min(len(our_tokens), len(their_tokens))
-
-
-def transformers_sample(model: Any, inputs: dict[str, torch.Tensor]) -> Sample:
-    """Greedy generate in the model's dtype; the top-TOP of each step's raw logits (float32)."""
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs, max_new_tokens=MAX_NEW, do_sample=False,
-            output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
-    tokens = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    tops = [set(step[0].float().topk(TOP).indices.tolist()) for step in out.logits]
-    return tokens, tops
+    """vLLM's rule (``compare_samples``); returns how many leading tokens are equal."""
+    verdict = compare_samples(ours, theirs)
+    assert verdict.close, f"{name}: {verdict.detail}"
+    return verdict.equal_prefix
 
 
 def mmserve_samples(llm: LLM, cases: list[tuple[str, list]]) -> list[Sample]:
     outs = llm.generate([{"prompt": p, "images": i} for p, i in cases], BF16_GREEDY, use_tqdm=False)
-    samples = []
-    for out in outs:
-        completion = out.outputs[0]
-        assert completion.logprobs is not None
-        tops = [{t for t, _ in step.top} for step in completion.logprobs]
-        samples.append((list(completion.token_ids), tops))
-    return samples
+    return [mmserve_sample(out) for out in outs]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +64,9 @@ def test_tiny_llava_in_bf16_is_close_to_transformers_in_bf16(
     ]
     equal = 0
     for (prompt, imgs), ours in zip(cases, mmserve_samples(llm, cases), strict=True):
-        theirs = transformers_sample(llava_reference.model, llava_reference.inputs(prompt, imgs))
+        theirs = transformers_sample(
+            llava_reference.model, llava_reference.inputs(prompt, imgs), MAX_NEW, TOP
+        )
         equal += check_logprobs_close(ours, theirs, prompt)
     # not vacuous: some tokens agree (tiny random models have near-flat logits, so bf16
     # rounding meets near-ties early: e.g. transformers' bf16 logits tie where float32 has a
@@ -100,7 +84,9 @@ def test_tiny_qwen_vl_in_bf16_is_close_to_transformers_in_bf16(model: str, image
     equal = 0
     for (prompt, imgs), ours in zip(cases, mmserve_samples(llm, cases), strict=True):
         inputs = {k: v.to(ref.device) for k, v in ref.inputs(prompt, imgs).items()}
-        equal += check_logprobs_close(ours, transformers_sample(ref.model, inputs), prompt)
+        equal += check_logprobs_close(
+            ours, transformers_sample(ref.model, inputs, MAX_NEW, TOP), prompt
+        )
     assert equal > 0
 
 

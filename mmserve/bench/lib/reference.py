@@ -92,9 +92,16 @@ class FirstTokenTimer:
 
 
 class HFReference:
-    """A transformers VLM in float32 with an encoder timer on its vision tower."""
+    """A transformers VLM (float32 on the CPU unless told otherwise) with an encoder timer on
+    its vision tower; ``inputs`` builds host tensors, ``generate`` moves them to ``device``."""
 
-    def __init__(self, model: str, processor_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        processor_kwargs: dict[str, Any] | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         from transformers import AutoConfig, AutoModelForImageTextToText
 
         from mmserve.models.tiny import resolve_model_path
@@ -103,7 +110,9 @@ class HFReference:
         arch = (AutoConfig.from_pretrained(path).architectures or [""])[0]
         self.inputs = HFInputs(path, arch, processor_kwargs)
         self.tokenizer = self.inputs.tokenizer
-        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
+        torch.nn.Module.to(self.model, self.device)  # transformers' typed ``to`` confuses mypy
         self.encoder_seconds = 0.0
         inner = self.model.model
         vision = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
@@ -129,6 +138,7 @@ class HFReference:
     ) -> tuple[list[int], float | None]:
         """Greedy ``max_new_tokens`` tokens; returns (new token ids, first-token time)."""
         timer = FirstTokenTimer(clock)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
         with torch.inference_mode():
             out = self.model.generate(
                 **inputs,

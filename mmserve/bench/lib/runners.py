@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
@@ -68,6 +69,13 @@ class MmserveRunner:
         self.llm = LLM(model, **engine_args)
         self.engine = self.llm.engine
 
+    @classmethod
+    def wrapping(cls, llm: LLM, name: str = "mmserve") -> MmserveRunner:
+        """A runner over an engine already loaded (its caches as it was built with)."""
+        runner = cls.__new__(cls)
+        runner.name, runner.llm, runner.engine = name, llm, llm.engine
+        return runner
+
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
         """Template + ingress (decode, hash, preprocess) + schedule until the request ends."""
         before = self.engine.get_metrics()
@@ -105,9 +113,23 @@ class TransformersRunner:
 
     name = "transformers"
 
-    def __init__(self, model: str, processor_kwargs: dict[str, Any] | None = None, **_: Any):
-        self.ref = HFReference(model, processor_kwargs)
+    def __init__(
+        self,
+        model: str,
+        processor_kwargs: dict[str, Any] | None = None,
+        device: str = "cpu",
+        dtype: Any = None,
+        **_: Any,
+    ) -> None:
+        self.ref = HFReference(model, processor_kwargs, device, dtype or torch.float32)
         self.image_token_id = self.ref.model.config.image_token_id
+
+    @classmethod
+    def wrapping(cls, ref: HFReference) -> TransformersRunner:
+        """A runner over a reference already loaded."""
+        runner = cls.__new__(cls)
+        runner.ref, runner.image_token_id = ref, ref.model.config.image_token_id
+        return runner
 
     def chat_turn(self, messages: list[dict], answer_tokens: int) -> TurnResult:
         from mmserve.multimodal.image.decode import load_image

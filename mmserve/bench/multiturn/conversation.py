@@ -27,7 +27,7 @@ def question(turn: int) -> str:
 
 
 def run_conversation(
-    runner: Any, turns: int, resolution: str, answer_tokens: int, seed0: int
+    runner: Any, turns: int, resolution: str | tuple[int, int], answer_tokens: int, seed0: int
 ) -> list[dict[str, Any]]:
     """One conversation; every turn sends the whole history (images as PNG bytes)."""
     messages: list[dict[str, Any]] = []

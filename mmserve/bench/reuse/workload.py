@@ -16,7 +16,7 @@ from mmserve.models.tiny import resolve_model_path
 class Workload:
     """Specs rendered once for all engines: prompt text (the model's chat template) + images."""
 
-    def __init__(self, model: str, resolution: str) -> None:
+    def __init__(self, model: str, resolution: str | tuple[int, int]) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
         self.resolution = resolution
         self._images: dict[int, Any] = {}

@@ -1,0 +1,2 @@
+"""``mmserve bench gpu``: the GPU run in one call (``benchmarks/gpu/run.sh``) and its CPU
+dry run."""

@@ -1,0 +1,134 @@
+"""The bench stage of one model, in the profile's ``bench_dtype``: mmserve first, then
+transformers ``generate`` on the same device (one engine in memory at a time), each measured
+on:
+
+- ``load_s``: engine construction to its first token, in a process whose device is already
+  initialised (the env and limits stages ran first);
+- ``ttft_s``: one chat request about a new image, from the call (preprocessing included) to
+  the first token; median of ``ttft_repeats``, after a warm-up request;
+- ``decode_b{B}_tok_s``: B copies of a text prompt, ``decode_tokens`` tokens each: tokens after
+  the first over the time after the last first token;
+- ``multiturn_ttft_s``: TTFT of each turn of one chat that adds a new image per turn
+  (``bench multiturn``'s conversation);
+- ``reuse_{P}_req_s``: ``reuse_requests`` requests submitted at once, P % repeating an earlier
+  image and prefix (``bench reuse``'s workload; transformers serves them one by one).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from mmserve import LLM, SamplingParams
+from mmserve.bench.gpu.engines import (
+    image_requests,
+    mmserve_engine,
+    parameter_counts,
+    reference,
+    release,
+    text_prompt,
+    workload,
+)
+from mmserve.bench.gpu.plan import Profile
+from mmserve.bench.lib.reference import HFReference
+from mmserve.bench.lib.runners import MmserveRunner, TransformersRunner, run_transformers
+from mmserve.bench.lib.workloads import reuse_specs
+from mmserve.bench.multiturn.conversation import run_conversation
+from mmserve.bench.reuse.engines import run_mmserve
+from mmserve.bench.reuse.workload import Workload
+
+WARMUP_RUN, TTFT_RUN, TURNS_SEED, REUSE_RUN = 21, 22, 230_000, 24  # image seeds of their own
+
+
+def _decode_rate(batch: int, tokens: int, last_first_token: float, end: float) -> float:
+    return batch * (tokens - 1) / max(end - last_first_token, 1e-9)
+
+
+def _mmserve(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
+    start = time.perf_counter()
+    llm = mmserve_engine(profile, model, profile.bench_dtype)
+    llm.generate(text_prompt(work), SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    out: dict[str, Any] = {"load_s": time.perf_counter() - start}
+    warm = image_requests(work, 2, WARMUP_RUN)
+    llm.generate(warm, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    ttft = run_mmserve(llm, image_requests(work, profile.ttft_repeats, TTFT_RUN), 1, "sequential")
+    out["ttft_s"] = statistics.median(ttft["ttfts"])
+    out["ttft_all_s"] = ttft["ttfts"]
+    prompt = text_prompt(work)
+    params = SamplingParams(temperature=0, max_tokens=profile.decode_tokens, ignore_eos=True)
+    for batch in profile.decode_batches:
+        outs = llm.generate([prompt] * batch, params, use_tqdm=False)
+        end = time.monotonic()
+        first = max(o.metrics["first_token_time"] for o in outs)
+        out[f"decode_b{batch}_tok_s"] = _decode_rate(batch, profile.decode_tokens, first, end)
+    out.update(_multiturn(MmserveRunner.wrapping(llm), profile))
+    out.update(_reuse(llm, work, profile))
+    one = llm.generate(
+        image_requests(work, 1, TTFT_RUN)[0], SamplingParams(max_tokens=1), use_tqdm=False
+    )
+    out["prompt_tokens_one_image"] = len(one[0].prompt_token_ids)
+    return out
+
+
+def _transformers(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
+    start = time.perf_counter()
+    ref = reference(profile, model, profile.bench_dtype)
+    ref.generate(ref.inputs(text_prompt(work), []), 1, time.monotonic)
+    out: dict[str, Any] = {"load_s": time.perf_counter() - start}
+    run_transformers(ref, image_requests(work, 1, WARMUP_RUN), 2, "sequential")
+    ttft = run_transformers(
+        ref, image_requests(work, profile.ttft_repeats, TTFT_RUN), 1, "sequential"
+    )
+    out["ttft_s"] = statistics.median(ttft["ttfts"])
+    out["ttft_all_s"] = ttft["ttfts"]
+    text = ref.inputs(text_prompt(work), [])
+    for batch in profile.decode_batches:
+        inputs = {k: v.repeat(batch, 1) for k, v in text.items()}  # equal lengths: no padding
+        _, first = ref.generate(inputs, profile.decode_tokens, time.monotonic)
+        end = time.monotonic()
+        out[f"decode_b{batch}_tok_s"] = _decode_rate(
+            batch, profile.decode_tokens, first or end, end
+        )
+    out.update(_multiturn(TransformersRunner.wrapping(ref), profile))
+    out.update(_reuse(ref, work, profile))
+    return out
+
+
+def _multiturn(runner: Any, profile: Profile) -> dict[str, Any]:
+    rows = run_conversation(
+        runner, profile.turns, profile.resolution, profile.answer_tokens, TURNS_SEED
+    )
+    return {
+        "multiturn_ttft_s": [r["ttft_s"] for r in rows],
+        "multiturn_images_encoded": [r["images_encoded"] for r in rows],
+    }
+
+
+def _reuse(engine: LLM | HFReference, work: Workload, profile: Profile) -> dict[str, Any]:
+    """Each reuse fraction's requests, all submitted at once (transformers: one by one)."""
+    out: dict[str, Any] = {}
+    for k, fraction in enumerate(profile.reuse_fractions):
+        specs = reuse_specs(
+            profile.reuse_requests, fraction, grouped=False, seed=0, run=REUSE_RUN + k
+        )
+        requests = work.requests(specs)
+        if isinstance(engine, HFReference):
+            result = run_transformers(engine, requests, profile.answer_tokens, "all")
+        else:
+            result = run_mmserve(engine, requests, profile.answer_tokens, "all")
+        pct = round(fraction * 100)
+        out[f"reuse_{pct}_req_s"] = profile.reuse_requests / result["wall_s"]
+        out[f"reuse_{pct}_images_encoded"] = result["images_encoded"]
+    return out
+
+
+def bench_model(profile: Profile, model: str) -> dict[str, Any]:
+    """The stage's result: both engines' numbers, the parameter counts the limits use."""
+    work = workload(profile, model)
+    result: dict[str, Any] = {"dtype": profile.bench_dtype, **parameter_counts(model)}
+    result["mmserve"] = _mmserve(profile, model, work)
+    release(profile.device)
+    result["transformers"] = _transformers(profile, model, work)
+    release(profile.device)
+    return result

@@ -1,0 +1,71 @@
+"""The parity stage: greedy mmserve against transformers on the same device, two image
+requests and a text-only one. float32 (TF32 off) must be token-identical; bfloat16 must be
+close by vLLM's rule (``bench.lib.closeness``). Mismatches are results, not exceptions: the
+stage reports them and the run goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mmserve import SamplingParams
+from mmserve.bench.gpu.engines import (
+    image_requests,
+    mmserve_engine,
+    reference,
+    release,
+    text_prompt,
+    workload,
+)
+from mmserve.bench.gpu.plan import Profile
+from mmserve.bench.lib.closeness import compare_samples, mmserve_sample, transformers_sample
+
+TOP = 5
+PARITY_RUN = 11  # image seeds of their own
+
+
+def _samples_per_engine(
+    profile: Profile, model: str, dtype: str, requests: list[dict[str, Any]]
+) -> tuple[list[Any], list[Any]]:
+    params = SamplingParams(
+        temperature=0, max_tokens=profile.parity_tokens, logprobs=TOP, ignore_eos=True
+    )
+    llm = mmserve_engine(profile, model, dtype)
+    ours = [mmserve_sample(o) for o in llm.generate(requests, params, use_tqdm=False)]
+    del llm
+    release(profile.device)
+    ref = reference(profile, model, dtype)
+    theirs = []
+    for request in requests:
+        inputs = ref.inputs(request["prompt"], request["images"])
+        inputs = {k: v.to(ref.device) for k, v in inputs.items()}
+        theirs.append(transformers_sample(ref.model, inputs, profile.parity_tokens, TOP))
+    del ref
+    release(profile.device)
+    return ours, theirs
+
+
+def parity(profile: Profile, model: str) -> dict[str, Any]:
+    """Per dtype: ``identical`` / ``close`` over all requests, each request's equal prefix and
+    the first mismatch's detail; ``passed``: float32 identical and bfloat16 close."""
+    work = workload(profile, model)
+    requests = image_requests(work, 2, PARITY_RUN)
+    requests.append({"prompt": text_prompt(work), "images": []})
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    out: dict[str, Any] = {"requests": len(requests), "tokens": profile.parity_tokens}
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        for dtype in ("float32", "bfloat16"):
+            ours, theirs = _samples_per_engine(profile, model, dtype, requests)
+            verdicts = [compare_samples(o, t) for o, t in zip(ours, theirs, strict=True)]
+            out[dtype] = {
+                "identical": all(v.identical for v in verdicts),
+                "close": all(v.close for v in verdicts),
+                "equal_prefix": [v.equal_prefix for v in verdicts],
+                "details": [v.detail for v in verdicts if v.detail],
+            }
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    out["passed"] = out["float32"]["identical"] and out["bfloat16"]["close"]
+    return out
