@@ -44,6 +44,7 @@ def variants_to_build(request: str | None, capability: str, machine: str) -> tup
 
     Unset or empty: only the widest variant this CPU runs, the one ``mmserve.kernels`` loads
     here. ``all``: every variant of the architecture (an image that runs on other CPUs).
+    ``none``: no kernels (a GPU machine, which does not run them; the pure-torch paths stay).
     Otherwise a comma-separated list of variant names (case and spaces ignored), built in that
     order. A name that is unknown or not of this architecture raises ValueError naming it.
     """
@@ -51,6 +52,8 @@ def variants_to_build(request: str | None, capability: str, machine: str) -> tup
     names = [name.strip().lower() for name in (request or "").split(",") if name.strip()]
     if not names:
         return runnable_variants(capability)[:1]
+    if names == ["none"]:
+        return ()
     chosen: list[str] = []
     for name in names:
         if name == "all":
@@ -61,7 +64,7 @@ def variants_to_build(request: str | None, capability: str, machine: str) -> tup
             kind = "unknown" if name not in VARIANT_FLAGS else f"not buildable on {machine}"
             raise ValueError(
                 f"{ENV_VAR}={request!r}: {kind} kernel variant {name!r} "
-                f"(choose from {', '.join(buildable)} or all, comma-separated)"
+                f"(choose from {', '.join(buildable)}, all or none, comma-separated)"
             )
     return tuple(dict.fromkeys(chosen))
 

@@ -46,6 +46,7 @@ def test_default_builds_only_the_variant_the_loader_picks(capability, machine, e
 
 def test_all_and_lists_build_more():
     assert variants_to_build("all", "AVX2", "x86_64") == ("avx512", "avx2", "generic")
+    assert variants_to_build("none", "AVX2", "x86_64") == ()  # e.g. a GPU machine
     assert variants_to_build("all", "DEFAULT", "aarch64") == ("generic",)
     assert variants_to_build("avx512,avx2", "AVX2", "x86_64") == ("avx512", "avx2")
     assert variants_to_build(" AVX2 , avx2,generic", "AVX512", "x86_64") == ("avx2", "generic")
@@ -56,7 +57,7 @@ def test_all_and_lists_build_more():
 def test_a_bad_variant_is_named():
     with pytest.raises(ValueError, match=r"MMSERVE_KERNEL_VARIANTS='avx2,avx9': unknown .*'avx9'"):
         variants_to_build("avx2,avx9", "AVX2", "x86_64")
-    with pytest.raises(ValueError, match=r"'avx512' .*choose from generic or all"):
+    with pytest.raises(ValueError, match=r"'avx512' .*choose from generic, all or none"):
         variants_to_build("avx512", "DEFAULT", "aarch64")
 
 
@@ -111,8 +112,8 @@ def test_setup_py_refuses_a_bad_variant_in_one_line():
     lines = [line for line in result.stderr.splitlines() if "fast" in line]
     assert lines == [
         f"mmserve: {ENV_VAR}='avx2,fast': unknown kernel variant 'fast' "
-        f"(choose from {', '.join(variants_to_build('all', 'AVX2', platform.machine()))} "
-        "or all, comma-separated)"
+        f"(choose from {', '.join(variants_to_build('all', 'AVX2', platform.machine()))}"
+        ", all or none, comma-separated)"
     ], result.stderr
 
 
