@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -173,3 +174,21 @@ def test_auto_fallback_on_cpu_float32_is_logged(caplog):
     with caplog.at_level("WARNING", logger="mmserve.layers.attention"):
         assert select_attention_backend("auto", CPU, torch.float32, 48) == "torch"
     assert "head_dim 48" in caplog.text
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_cpu_kv_cache_is_zero_without_touching_its_memory() -> None:
+    """The CPU cache's zeros cost no memset and no resident memory until written; a write
+    lands where a view of the same slot reads it, and the rest stays zero."""
+    before = _rss_bytes()
+    cache = PagedKVCache(4, 512, 16, 8, 128, torch.bfloat16, torch.device("cpu"))
+    size = 2 * 4 * 512 * 16 * 8 * 128 * 2  # 128 MiB
+    assert _rss_bytes() - before < size // 8
+    assert cache.keys[0].shape == (512 * 16, 8, 128) and cache.keys[3].dtype == torch.bfloat16
+    cache.values[2][5] = 1.5
+    assert cache.values[2][5].eq(1.5).all() and cache.values[2][:5].eq(0).all()
+    assert all(t.count_nonzero() == 0 for t in cache.keys + cache.values[:2] + cache.values[3:])

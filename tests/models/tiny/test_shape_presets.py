@@ -3,8 +3,8 @@
 The default run builds no whole shape (gigabytes): it counts parameters on the meta device,
 checks each tokenizer's special ids against its config, and builds shrunk copies (fewer
 layers, small shards) to check the hub layout, shards and index and that transformers and
-mmserve both load them. ``MMSERVE_SHAPE_TESTS=1`` also builds the smallest shape whole
-(LLaVA-OneVision-0.5B, 1.8 GB) and chats with it.
+mmserve both load them. ``MMSERVE_SHAPE_TESTS=1`` also builds the smallest shapes whole
+(SmolVLM-256M, 0.5 GB; LLaVA-OneVision-0.5B, 1.8 GB) and chats with them.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ from mmserve.models.tiny.shapes.tokens import build_shape_tokenizer
 from mmserve.models.tiny.shapes.weights import TensorPlan, tensor_chunks, write_checkpoint
 
 ONEVISION = "shape:llava-onevision-qwen2-0.5b-ov-hf"
+SMOLVLM_256M = "shape:SmolVLM-256M-Instruct"
+SMOLVLM_500M = "shape:SmolVLM-500M-Instruct"
 # image placeholder and eos ids per shape, from the published configs
 IMAGE_TOKEN = {
+    SMOLVLM_256M: ("<image>", 49190),
+    SMOLVLM_500M: ("<image>", 49190),
     "shape:Qwen2-VL-2B-Instruct": ("<|image_pad|>", 151655),
     "shape:Qwen2.5-VL-3B-Instruct": ("<|image_pad|>", 151655),
     ONEVISION: ("<image>", 151646),
@@ -43,6 +47,8 @@ IMAGE_TOKEN = {
 
 def test_names() -> None:
     assert SHAPE_NAMES == (
+        SMOLVLM_256M,
+        SMOLVLM_500M,
         ONEVISION,
         "shape:Qwen2-VL-2B-Instruct",
         "shape:Qwen2.5-VL-3B-Instruct",
@@ -117,6 +123,10 @@ def test_chunks_are_deterministic_and_safetensors_reads_the_files(tmp_path: Path
 
 
 CUTS = {
+    SMOLVLM_500M: {
+        "text_config": {"num_hidden_layers": 2},
+        "vision_config": {"num_hidden_layers": 1},
+    },
     ONEVISION: {"text_config": {"num_hidden_layers": 2}, "vision_config": {"num_hidden_layers": 2}},
     "shape:Qwen2-VL-2B-Instruct": {"num_hidden_layers": 2, "vision_config": {"depth": 2}},
     "shape:gemma-3-4b-it": {
@@ -160,18 +170,20 @@ def _single_tensor(path: Path) -> bool:
 
 
 @pytest.mark.skipif(
-    os.environ.get("MMSERVE_SHAPE_TESTS") != "1", reason="builds 1.8 GB; MMSERVE_SHAPE_TESTS=1"
+    os.environ.get("MMSERVE_SHAPE_TESTS") != "1",
+    reason="builds 0.5 and 1.8 GB; MMSERVE_SHAPE_TESTS=1",
 )
-def test_smallest_shape_builds_whole_and_chats(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", [SMOLVLM_256M, ONEVISION])
+def test_smallest_shapes_build_whole_and_chat(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mmserve import LLM, SamplingParams
 
     monkeypatch.setenv("MMSERVE_CACHE_DIR", str(tmp_path))
-    path = resolve_model_path(ONEVISION)
-    weight_bytes = count_shape_parameters(ONEVISION) * 2
+    path = resolve_model_path(name)
+    weight_bytes = count_shape_parameters(name) * 2
     assert weight_bytes < (path / "model.safetensors").stat().st_size < weight_bytes + 10**6
-    llm = LLM(model=ONEVISION, dtype="bfloat16", kv_cache_memory=256 << 20, max_model_len=4096)
+    llm = LLM(model=name, dtype="bfloat16", kv_cache_memory=256 << 20, max_model_len=4096)
     chat = [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}]
     out = llm.chat(chat, SamplingParams(max_tokens=4, temperature=0))
     assert len(out[0].outputs[0].token_ids) == 4

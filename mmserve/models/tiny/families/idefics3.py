@@ -122,36 +122,47 @@ class Idefics3PresetSpec(VitSizes, TextSizes):
         }
 
     def save_processors(self, out: Path, tokenizer: PreTrainedTokenizerFast) -> None:
-        """Tokenizer (with SmolVLM's named image tokens), image processor and
-        ``Idefics3Processor`` files, the chat template in both."""
-        tokenizer = PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer.backend_tokenizer,
-            bos_token="<|im_start|>",
-            eos_token="<end_of_utterance>",
-            unk_token="<|endoftext|>",
-            pad_token="<|im_end|>",
-            model_max_length=tokenizer.model_max_length,
-            extra_special_tokens={
-                "fake_image_token": "<fake_token_around_image>",
-                "image_token": "<image>",
-                "global_image_token": "<global-img>",
-                "end_of_utterance_token": "<end_of_utterance>",
-            },
+        """The processor files of ``save_smolvlm_processors`` at this preset's sizes."""
+        save_smolvlm_processors(
+            out, tokenizer, self.longest_edge, self.image_size, self.image_seq_len
         )
-        tokenizer.chat_template = SMOLVLM_CHAT_TEMPLATE
-        image_processor = Idefics3ImageProcessorPil(
-            size={"longest_edge": self.longest_edge},
-            max_image_size={"longest_edge": self.image_size},
-            image_mean=[0.5, 0.5, 0.5],
-            image_std=[0.5, 0.5, 0.5],
-        )
-        processor = Idefics3Processor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            image_seq_len=self.image_seq_len,
-            chat_template=SMOLVLM_CHAT_TEMPLATE,
-        )
-        save_processor_files(out, tokenizer, image_processor, processor)
+
+
+def save_smolvlm_processors(
+    out: Path, tokenizer: PreTrainedTokenizerFast, longest_edge: int, tile: int, seq_len: int
+) -> None:
+    """Tokenizer (with SmolVLM's named image tokens), image processor (images resized to
+    ``longest_edge``, split into ``tile``-pixel tiles) and ``Idefics3Processor`` (``seq_len``
+    embeddings a tile) files, the chat template in both; the tiny presets and the real-size
+    shapes write them alike."""
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer,
+        bos_token="<|im_start|>",
+        eos_token="<end_of_utterance>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+        model_max_length=tokenizer.model_max_length,
+        extra_special_tokens={
+            "fake_image_token": "<fake_token_around_image>",
+            "image_token": "<image>",
+            "global_image_token": "<global-img>",
+            "end_of_utterance_token": "<end_of_utterance>",
+        },
+    )
+    tokenizer.chat_template = SMOLVLM_CHAT_TEMPLATE
+    image_processor = Idefics3ImageProcessorPil(
+        size={"longest_edge": longest_edge},
+        max_image_size={"longest_edge": tile},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    processor = Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        image_seq_len=seq_len,
+        chat_template=SMOLVLM_CHAT_TEMPLATE,
+    )
+    save_processor_files(out, tokenizer, image_processor, processor)
 
 
 IDEFICS3_PRESETS: dict[str, Idefics3PresetSpec] = {

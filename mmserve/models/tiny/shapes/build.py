@@ -23,6 +23,7 @@ from ..build_steps import write_json
 from .gemma import GEMMA_3_4B
 from .llava import LLAVA_1_5_7B, LLAVA_ONEVISION_0_5B
 from .qwen import QWEN2_5_VL_3B, QWEN2_VL_2B
+from .smolvlm import SMOLVLM_256M, SMOLVLM_500M
 from .spec import ShapeSpec
 from .tokens import build_shape_tokenizer
 from .weights import SEED, TensorPlan, write_checkpoint
@@ -33,7 +34,15 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 
 SHAPES: dict[str, ShapeSpec] = {
     spec.name: spec
-    for spec in (LLAVA_ONEVISION_0_5B, QWEN2_VL_2B, QWEN2_5_VL_3B, GEMMA_3_4B, LLAVA_1_5_7B)
+    for spec in (
+        SMOLVLM_256M,
+        SMOLVLM_500M,
+        LLAVA_ONEVISION_0_5B,
+        QWEN2_VL_2B,
+        QWEN2_5_VL_3B,
+        GEMMA_3_4B,
+        LLAVA_1_5_7B,
+    )
 }
 SHAPE_NAMES: tuple[str, ...] = tuple(SHAPES)
 
