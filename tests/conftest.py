@@ -40,6 +40,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of `name` on one worker")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `-n 2` (pyproject's addopts): two workers on two cores, one torch thread each, and the
+        # servers the tests start as subprocesses too, so the workers do not oversubscribe
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     device = config.getoption("device")
     os.environ["MMSERVE_DEVICE"] = device  # EngineArgs' default, also in server subprocesses
     if device != "cpu":
@@ -48,7 +54,39 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
 
+# The xdist groups (test modules, see below) that run longest, longest first: under `--dist
+# loadgroup` each group is one unit of work and units go to the workers in collection order, so
+# these start first and the short modules fill in around them. A serial run with `--durations`
+# tells which they are; the order only moves work around, a module missing here still runs.
+SLOW_GROUPS = (
+    "tests/bench/test_bench_smoke.py",
+    "ray-cluster",
+    "tests/bench/test_encoder_store_bench.py",
+    "tests/bench/test_qwen3_vl_bench.py",
+    "tests/bench/test_bench_video.py",
+    "tests/serving/playground/test_playground_browser.py",
+    "tests/kernels/test_kernel_variants.py",
+    "tests/engine/test_liveness.py",
+    "tests/serving/test_server_async_engine.py",
+    "tests/serving/cli/test_server_cli.py",
+)
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark is not None else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the group marks into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # One xdist group per test module, unless a module names its own (the modules that start a
+    # local Ray cluster share one): a module's tests run on one worker, in order, and its
+    # module-scoped fixtures (servers, engines) are built once.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    rank = {group: i for i, group in enumerate(SLOW_GROUPS)}
+    items.sort(key=lambda item: rank.get(_xdist_group(item), len(rank)))  # stable
     if config.getoption("device").startswith("cuda") and not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="--device cuda: torch sees no CUDA device here")
         for item in items:
