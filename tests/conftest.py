@@ -40,7 +40,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "xdist_group(name): run the tests of `name` on one worker")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # `-n 2` (pyproject's addopts): two workers on two cores, one torch thread each, and the
         # servers the tests start as subprocesses too, so the workers do not oversubscribe
@@ -54,11 +53,18 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
 
-# The xdist groups (test modules, see below) that run longest, longest first: under `--dist
-# loadgroup` each group is one unit of work and units go to the workers in collection order, so
+# ---- two xdist workers (pyproject's addopts) ------------------------------------------------
+# Each test module is one unit of work: its tests run on one worker, in order, and its
+# module-scoped fixtures (servers, engines) are built once. The modules that start a local Ray
+# cluster share one unit, so two clusters never run at once.
+SHARED_UNITS = {
+    "tests/ray/test_ray_serve.py": "ray-cluster",
+    "tests/ray/test_ray_cli.py": "ray-cluster",
+}
+# The units that run longest, longest first: units go to the workers in collection order, so
 # these start first and the short modules fill in around them. A serial run with `--durations`
-# tells which they are; the order only moves work around, a module missing here still runs.
-SLOW_GROUPS = (
+# tells which they are; the order only moves work around, a unit missing here still runs.
+SLOW_UNITS = (
     "tests/bench/test_bench_smoke.py",
     "ray-cluster",
     "tests/bench/test_encoder_store_bench.py",
@@ -72,21 +78,27 @@ SLOW_GROUPS = (
 )
 
 
-def _xdist_group(item: pytest.Item) -> str:
-    mark = item.get_closest_marker("xdist_group")
-    return str(mark.args[0]) if mark is not None else item.nodeid.split("::")[0]
+def work_unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return SHARED_UNITS.get(module, module)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist turns the group marks into node ids
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    # xdist's own `--dist loadgroup` marks a group by rewriting item._nodeid, which pytest 9.2's
+    # nodes no longer read (every test became its own unit); this scheduler maps node ids itself.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # One xdist group per test module, unless a module names its own (the modules that start a
-    # local Ray cluster share one): a module's tests run on one worker, in order, and its
-    # module-scoped fixtures (servers, engines) are built once.
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
-    rank = {group: i for i, group in enumerate(SLOW_GROUPS)}
-    items.sort(key=lambda item: rank.get(_xdist_group(item), len(rank)))  # stable
+    rank = {unit: i for i, unit in enumerate(SLOW_UNITS)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
     if config.getoption("device").startswith("cuda") and not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="--device cuda: torch sees no CUDA device here")
         for item in items:

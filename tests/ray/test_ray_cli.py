@@ -16,8 +16,6 @@ import pytest
 from tests.support.server import free_port, image_messages, wait_until_healthy
 
 pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
-# one local Ray cluster at a time: the modules that start one run on the same xdist worker
-pytestmark = pytest.mark.xdist_group("ray-cluster")
 
 
 def test_serve_replicas_serves_the_api_on_one_port_and_stops_cleanly() -> None:

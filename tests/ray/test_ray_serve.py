@@ -17,8 +17,6 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray Serve tests need the mmserve[ray] extra")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
-# one local Ray cluster at a time: the modules that start one run on the same xdist worker
-pytestmark = pytest.mark.xdist_group("ray-cluster")
 
 from mmserve.bench.lib.servers import free_port  # noqa: E402
 from mmserve.entrypoints.openai.server import RunningServer  # noqa: E402
