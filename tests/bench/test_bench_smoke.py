@@ -236,6 +236,10 @@ def test_serve_launch_starts_and_stops_the_server(tmp_path):
             str(tmp_path),
             "--no-raise-priority",
             *ONE_TRY,
+            # media decoding in server threads: the server is healthy without first waiting for
+            # a niced media worker process to import torch (minutes while the other test worker
+            # keeps both cores busy); this test is about the launch, not the media workers
+            "--server-arg=--media-workers 0",
         ]
     )
     (row,) = out["rows"]
