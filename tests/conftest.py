@@ -40,6 +40,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `-n 2` (pyproject's addopts): two workers on two cores, one torch thread each, and the
+        # servers the tests start as subprocesses too, so the workers do not oversubscribe
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     device = config.getoption("device")
     os.environ["MMSERVE_DEVICE"] = device  # EngineArgs' default, also in server subprocesses
     if device != "cpu":
@@ -48,7 +53,52 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
 
+# ---- two xdist workers (pyproject's addopts) ------------------------------------------------
+# Each test module is one unit of work: its tests run on one worker, in order, and its
+# module-scoped fixtures (servers, engines) are built once. The modules that start a local Ray
+# cluster share one unit, so two clusters never run at once.
+SHARED_UNITS = {
+    "tests/ray/test_ray_serve.py": "ray-cluster",
+    "tests/ray/test_ray_cli.py": "ray-cluster",
+}
+# The units that run longest, longest first: units go to the workers in collection order, so
+# these start first and the short modules fill in around them. A serial run with `--durations`
+# tells which they are; the order only moves work around, a unit missing here still runs.
+SLOW_UNITS = (
+    "tests/bench/test_bench_smoke.py",
+    "ray-cluster",
+    "tests/bench/test_encoder_store_bench.py",
+    "tests/bench/test_qwen3_vl_bench.py",
+    "tests/bench/test_bench_video.py",
+    "tests/serving/playground/test_playground_browser.py",
+    "tests/kernels/test_kernel_variants.py",
+    "tests/engine/test_liveness.py",
+    "tests/serving/test_server_async_engine.py",
+    "tests/serving/cli/test_server_cli.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return SHARED_UNITS.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    # xdist's own `--dist loadgroup` marks a group by rewriting item._nodeid, which pytest 9.2's
+    # nodes no longer read (every test became its own unit); this scheduler maps node ids itself.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {unit: i for i, unit in enumerate(SLOW_UNITS)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
     if config.getoption("device").startswith("cuda") and not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="--device cuda: torch sees no CUDA device here")
         for item in items:

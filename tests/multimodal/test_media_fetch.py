@@ -338,7 +338,9 @@ ALLOWED_ADDRESSES = "8.8.8.8 93.184.215.14 2001:4860:4860::8888 ::ffff:8.8.8.8 2
 ALLOWED_ADDRESSES += " 64:ff9b::808:808"
 
 
-@pytest.mark.parametrize("address", REFUSED_ADDRESSES + [str(a) for a in CLOUD_METADATA_ADDRESSES])
+# sorted: a frozenset's order varies with the process's hash seed, and xdist's workers must
+# collect the same tests in the same order
+@pytest.mark.parametrize("address", REFUSED_ADDRESSES + sorted(map(str, CLOUD_METADATA_ADDRESSES)))
 def test_address_refused_by_default(address: str) -> None:
     assert address_refusal(ipaddress.ip_address(address), MediaFetchPolicy()) is not None
 
