@@ -1,7 +1,8 @@
-"""Builds mmserve's CPU kernels (C++ torch extensions) when torch is importable at build time.
+"""Builds mmserve's CPU kernels when torch is importable at build time: per instruction-set
+variant one library of torch ops on torch's stable ABI (``mmserve/kernels/csrc/module.cpp``).
 
-Install with ``pip install --no-build-isolation -e .`` after torch so the extension compiles
-against the torch that will run it. Only the instruction-set variant this CPU runs is built
+Install with ``pip install --no-build-isolation -e .`` after torch so the kernels compile
+against the torch that will run them. Only the instruction-set variant this CPU runs is built
 (the one ``mmserve.kernels`` loads here); ``MMSERVE_KERNEL_VARIANTS=all`` (or a list such as
 ``avx512,avx2``) builds more, for an image that runs on other CPUs
 (``mmserve/kernels/variants.py``). Every source of every variant compiles at once, up to
@@ -26,14 +27,14 @@ from setuptools import setup
 
 # longest compile first: the pool starts them in this order
 SOURCES = [
-    "mmserve/kernels/csrc/module.cpp",
     "mmserve/kernels/csrc/paged_attention_decode.cpp",
-    "mmserve/kernels/csrc/small_batch_linear.cpp",
     "mmserve/kernels/csrc/paged_attention_float.cpp",
     "mmserve/kernels/csrc/paged_attention_bf16.cpp",
     "mmserve/kernels/csrc/paged_attention_half.cpp",
+    "mmserve/kernels/csrc/small_batch_linear.cpp",
     "mmserve/kernels/csrc/fused_ops.cpp",
     "mmserve/kernels/csrc/paged_attention.cpp",
+    "mmserve/kernels/csrc/module.cpp",
 ]
 HEADERS = [
     "mmserve/kernels/csrc/ops.h",
@@ -44,7 +45,8 @@ HEADERS = [
 # -g0: no debug info (Python's CFLAGS ask for -g): a third less compile time, a 60x smaller .so
 # -O2: at -O3 the prefill tiles compiled 3x longer and ran no faster; the decode loops, which
 # -O3 makes 1.7-2.5x faster, ask for it in their own file (paged_attention_decode.cpp)
-COMMON_FLAGS = ["-O2", "-g0", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
+# No -fopenmp: the kernels run on torch's thread pool (torch::stable::parallel_for)
+COMMON_FLAGS = ["-O2", "-g0", "-ffp-contract=fast", "-Wno-psabi"]
 
 
 def load_variants() -> ModuleType:
@@ -135,8 +137,11 @@ def kernel_extensions() -> tuple[list[Any], dict[str, Any]]:
             f"mmserve.kernels._C_{name}",
             SOURCES,
             depends=HEADERS,
-            extra_compile_args=COMMON_FLAGS + list(variants.VARIANT_FLAGS[name]),
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=[
+                *COMMON_FLAGS,
+                *variants.VARIANT_FLAGS[name],
+                f"-DMMSERVE_OPS_NAMESPACE={variants.ops_namespace(name)}",
+            ],
             optional=True,  # a failed compile (no g++) leaves the pure-torch paths, not no install
         )
         for name in names

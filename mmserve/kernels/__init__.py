@@ -1,16 +1,20 @@
 """mmserve's compiled CPU kernels, when the install built them (see ``setup.py``).
 
-``cpu_ops()`` is the extension module for this CPU (of the instruction-set variants it runs,
+``cpu_ops()`` is the kernels' ops for this CPU (of the instruction-set variants it runs,
 ``variants.py``, the widest one the install built: ``paged_attention``, ``rms_norm``,
 ``add_rms_norm``, ``rotary_embedding``, in the dtypes of ``kernel_dtypes()``;
 ``small_batch_linear`` in bfloat16/float16), or None;
 ``unavailable_reason()`` says why not.
 ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off (the pure-torch paths run instead).
+
+Each variant is a library (``_C_<variant>.*.so``, no Python module) whose ops register with
+torch's dispatcher when it is loaded, as ``torch.ops.mmserve_<variant>.<op>``
+(``variants.ops_namespace``); errors in their arguments raise RuntimeError.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -19,21 +23,54 @@ from typing import Any
 
 import torch
 
-from mmserve.kernels.variants import ENV_VAR, runnable_variants
+from mmserve.kernels.variants import ENV_VAR, ops_namespace, runnable_variants
 
 logger = logging.getLogger(__name__)
 
 
+class KernelOps:
+    """One variant's ops. Each is its op's one overload (``torch.ops.<ns>.<op>.default``):
+    called directly, it skips the overload lookup of ``torch.ops.<ns>.<op>(...)`` (~1 us)."""
+
+    def __init__(self, variant: str) -> None:
+        ops = getattr(torch.ops, ops_namespace(variant))
+        self.variant = variant
+        self.paged_attention: Callable[..., torch.Tensor] = ops.paged_attention.default
+        self.rms_norm: Callable[..., torch.Tensor] = ops.rms_norm.default
+        self.add_rms_norm: Callable[..., torch.Tensor] = ops.add_rms_norm.default
+        self.rotary_embedding: Callable[..., None] = ops.rotary_embedding.default
+        self.small_batch_linear: Callable[..., torch.Tensor] = ops.small_batch_linear.default
+        self.small_batch_linear_max_rows = int(ops.small_batch_linear_max_rows())
+        self.head_dims = tuple(int(d) for d in ops.supported_head_dims())
+        self.dtypes = tuple(getattr(torch, name) for name in ops.supported_dtypes())
+
+    def __repr__(self) -> str:
+        return f"<mmserve CPU kernels {self.variant}: torch.ops.{ops_namespace(self.variant)}>"
+
+
+def load_variant(variant: str) -> KernelOps:
+    """Loads the library of one variant (once per process; variants load side by side).
+    ImportError when the install did not build it; OSError when it does not load."""
+    spec = importlib.util.find_spec(f"mmserve.kernels._C_{variant}")
+    if spec is None or spec.origin is None:
+        raise ImportError(f"mmserve/kernels/_C_{variant} was not built")
+    torch.ops.load_library(spec.origin)
+    try:
+        return KernelOps(variant)
+    except AttributeError as exc:  # a library that registers other ops (an older build)
+        raise ImportError(f"{spec.origin} lacks this mmserve's ops: {exc}") from exc
+
+
 @cache
-def _load() -> tuple[Any, str]:
+def _load() -> tuple[KernelOps | None, str]:
     if os.environ.get("MMSERVE_DISABLE_CPU_KERNELS", "") not in ("", "0"):
         return None, "MMSERVE_DISABLE_CPU_KERNELS is set"
     capability = torch.backends.cpu.get_cpu_capability()
     errors = []
     for variant in runnable_variants(capability):
         try:
-            return importlib.import_module(f"mmserve.kernels._C_{variant}"), ""
-        except ImportError as exc:
+            return load_variant(variant), ""
+        except (ImportError, OSError) as exc:
             errors.append(f"{variant}: {exc}")
     return None, (
         f"no CPU kernel for capability {capability} ({'; '.join(errors)}); the install builds "
@@ -43,28 +80,24 @@ def _load() -> tuple[Any, str]:
 
 
 def cpu_ops() -> Any:
-    """The extension module, or None."""
+    """The ``KernelOps`` of this CPU, or None."""
     return _load()[0]
 
 
 def paged_attention_kernel() -> Callable[..., torch.Tensor] | None:
-    module, _ = _load()
-    return None if module is None else module.paged_attention
+    ops, _ = _load()
+    return None if ops is None else ops.paged_attention
 
 
 def kernel_head_dims() -> tuple[int, ...]:
-    module, _ = _load()
-    return () if module is None else tuple(module.supported_head_dims())
+    ops, _ = _load()
+    return () if ops is None else ops.head_dims
 
 
 def kernel_dtypes() -> tuple[torch.dtype, ...]:
-    """The dtypes the built kernels take (float32, bfloat16, float16; float32 only for a
-    build older than the half-precision kernels); empty without a kernel."""
-    module, _ = _load()
-    if module is None:
-        return ()
-    names = module.supported_dtypes() if hasattr(module, "supported_dtypes") else ["float32"]
-    return tuple(getattr(torch, name) for name in names)
+    """The dtypes the built kernels take (float32, bfloat16, float16); empty without a kernel."""
+    ops, _ = _load()
+    return () if ops is None else ops.dtypes
 
 
 def unavailable_reason() -> str:
@@ -86,8 +119,6 @@ def cpu_kernels_apply(*tensors: torch.Tensor) -> bool:
 
 def small_batch_linear_kernel() -> tuple[Callable[..., torch.Tensor], int] | None:
     """``(small_batch_linear, max_rows)``: ``x @ weight.T + bias`` for 1 to ``max_rows`` rows of
-    bfloat16/float16 CPU tensors (decode steps), or None for a build without it."""
-    module, _ = _load()
-    if module is None or not hasattr(module, "small_batch_linear"):
-        return None
-    return module.small_batch_linear, int(module.small_batch_linear_max_rows)
+    bfloat16/float16 CPU tensors (decode steps), or None without a kernel."""
+    ops, _ = _load()
+    return None if ops is None else (ops.small_batch_linear, ops.small_batch_linear_max_rows)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 ENV_VAR = "MMSERVE_KERNEL_VARIANTS"
 
-# variant -> compiler flags; each is built as the module mmserve.kernels._C_<variant>
+# variant -> compiler flags; each is built as the library mmserve/kernels/_C_<variant>.*.so,
+# which registers its ops as torch.ops.<ops_namespace(variant)>
 VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
     # -mf16c: float16 <-> float32 in one instruction (every AVX2 CPU has F16C)
     "avx512": ("-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma", "-mf16c"),
@@ -18,6 +19,13 @@ VARIANT_FLAGS: dict[str, tuple[str, ...]] = {
     "generic": (),  # the compiler's baseline for the architecture
 }
 X86_MACHINES = ("x86_64", "amd64")
+
+
+def ops_namespace(variant: str) -> str:
+    """The torch.ops namespace of a variant's ops: one per variant, so that loading two variants
+    into one process (the tests do) registers no op twice."""
+    return f"mmserve_{variant}"
+
 
 # torch's CPU capability (torch.backends.cpu.get_cpu_capability()) -> the variants it runs,
 # widest first; any other capability runs "generic" only.

@@ -3,14 +3,13 @@ reference (gather every key, one masked softmax per query), over mixed batches."
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 
 import pytest
 import torch
 
-from mmserve.kernels import paged_attention_kernel, unavailable_reason
+from mmserve.kernels import load_variant, paged_attention_kernel, unavailable_reason
 from mmserve.kernels.variants import runnable_variants
 from mmserve.layers.attention import (
     AttentionMetadata,
@@ -155,7 +154,7 @@ def test_every_built_variant_matches_the_reference(variant):
         pytest.skip(f"this CPU ({capability}) cannot run the {variant} build")
     if importlib.util.find_spec(f"mmserve.kernels._C_{variant}") is None:
         pytest.skip(f"the {variant} build was not asked for (MMSERVE_KERNEL_VARIANTS)")
-    module = importlib.import_module(f"mmserve.kernels._C_{variant}")
+    ops = load_variant(variant)
     seqs, block_size = BATCHES["mixed step"], 16
     num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
     table, qsl, lens, slots = build_batch(seqs, block_size, num_blocks, seed=3)
@@ -163,7 +162,7 @@ def test_every_built_variant_matches_the_reference(variant):
     k_cache = torch.randn(num_blocks * block_size, 2, 64, generator=gen)
     v_cache = torch.randn(num_blocks * block_size, 2, 64, generator=gen)
     q = torch.randn(int(qsl[-1]), 8, 64, generator=gen)
-    out = module.paged_attention(
+    out = ops.paged_attention(
         q, k_cache, v_cache, table.int(), qsl.int(), lens.int(), 0.125, block_size
     )
     expected = naive_attention(q, k_cache, v_cache, table, qsl, lens, block_size, 0.125)

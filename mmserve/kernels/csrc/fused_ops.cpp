@@ -9,11 +9,14 @@
 // before the weight multiplies it.
 #include "ops.h"
 
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <cmath>
+
+using torch::headeronly::ScalarType;
+using torch::stable::parallel_for;
 
 namespace {
 
@@ -72,24 +75,24 @@ __attribute__((optimize("fp-contract=off"))) void rotate_heads(T* x, int64_t hea
   }
 }
 
-bool supported(at::ScalarType t) {
-  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+bool supported(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::BFloat16 || t == ScalarType::Half;
 }
 
-void check_rows(const at::Tensor& x, const at::Tensor& weight) {
-  TORCH_CHECK(x.device().is_cpu() && supported(x.scalar_type()) && x.is_contiguous(),
-              "x must be a contiguous float32, bfloat16 or float16 CPU tensor");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() &&
-                  weight.numel() == x.size(-1),
-              "weight must be contiguous, of x's dtype and x's last dimension");
+void check_rows(const Tensor& x, const Tensor& weight) {
+  MMSERVE_CHECK(x.is_cpu() && supported(x.scalar_type()) && x.is_contiguous() && x.dim() >= 1,
+                "x must be a contiguous float32, bfloat16 or float16 CPU tensor");
+  MMSERVE_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() &&
+                    weight.numel() == x.size(-1),
+                "weight must be contiguous, of x's dtype and x's last dimension");
 }
 
 // f<T>() for the float type of `t`
 template <typename F>
-void dispatch(at::ScalarType t, F&& f) {
-  if (t == at::kFloat) {
+void dispatch(ScalarType t, F&& f) {
+  if (t == ScalarType::Float) {
     f(float{});
-  } else if (t == at::kBFloat16) {
+  } else if (t == ScalarType::BFloat16) {
     f(c10::BFloat16{});
   } else {
     f(c10::Half{});
@@ -98,15 +101,15 @@ void dispatch(at::ScalarType t, F&& f) {
 
 }  // namespace
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   check_rows(x, weight);
-  auto out = x.new_empty(x.sizes());  // x is contiguous: so is out
+  const Tensor out = mmserve::new_empty(x, x.sizes());  // x is contiguous: so is out
   const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
   dispatch(x.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
-    const T *px = x.data_ptr<T>(), *pw = weight.data_ptr<T>();
-    T* po = out.data_ptr<T>();
-    at::parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+    const T *px = x.const_data_ptr<T>(), *pw = weight.const_data_ptr<T>();
+    T* po = out.mutable_data_ptr<T>();
+    parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
         normalize_row(px + r * n, pw, po + r * n, n, static_cast<float>(eps));
     });
@@ -114,19 +117,19 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
-                        double eps) {
+Tensor add_rms_norm(const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                    double eps) {
   check_rows(residual, weight);
   check_rows(delta, weight);
-  TORCH_CHECK(residual.sizes() == delta.sizes(), "residual and delta shapes differ");
-  auto out = residual.new_empty(residual.sizes());
+  MMSERVE_CHECK(residual.sizes() == delta.sizes(), "residual and delta shapes differ");
+  const Tensor out = mmserve::new_empty(residual, residual.sizes());
   const int64_t n = residual.size(-1), rows = residual.numel() / std::max<int64_t>(n, 1);
   dispatch(residual.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
-    T* pr = residual.data_ptr<T>();
-    const T *pd = delta.data_ptr<T>(), *pw = weight.data_ptr<T>();
-    T* po = out.data_ptr<T>();
-    at::parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+    T* pr = residual.mutable_data_ptr<T>();
+    const T *pd = delta.const_data_ptr<T>(), *pw = weight.const_data_ptr<T>();
+    T* po = out.mutable_data_ptr<T>();
+    parallel_for(0, rows, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         add_rows(pr + r * n, pd + r * n, n);
         normalize_row(pr + r * n, pw, po + r * n, n, static_cast<float>(eps));
@@ -136,22 +139,21 @@ at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at:
   return out;
 }
 
-void rotary_embedding(at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.device().is_cpu() && supported(x.scalar_type()) && x.is_contiguous() &&
-                  x.dim() == 2,
-              "x must be a contiguous float32, bfloat16 or float16 CPU tensor [tokens, width]");
-  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
-                  cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
-                  cos.sizes() == sin.sizes() && cos.size(0) == x.size(0),
-              "cos and sin must be contiguous [tokens, head_dim] of x's dtype");
+void rotary_embedding(const Tensor& x, int64_t heads, const Tensor& cos, const Tensor& sin) {
+  MMSERVE_CHECK(x.is_cpu() && supported(x.scalar_type()) && x.is_contiguous() && x.dim() == 2,
+                "x must be a contiguous float32, bfloat16 or float16 CPU tensor [tokens, width]");
+  MMSERVE_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
+                    cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
+                    cos.sizes() == sin.sizes() && cos.size(0) == x.size(0),
+                "cos and sin must be contiguous [tokens, head_dim] of x's dtype");
   const int64_t tokens = x.size(0), width = x.size(1), dim = cos.size(1);
-  TORCH_CHECK(dim % 2 == 0 && heads >= 0 && heads * dim <= width,
-              "heads * head_dim exceeds the row width");
+  MMSERVE_CHECK(dim % 2 == 0 && heads >= 0 && heads * dim <= width,
+                "heads * head_dim exceeds the row width");
   dispatch(x.scalar_type(), [&](auto zero) {
     using T = decltype(zero);
-    T* px = x.data_ptr<T>();
-    const T *pc = cos.data_ptr<T>(), *ps = sin.data_ptr<T>();
-    at::parallel_for(0, tokens, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+    T* px = x.mutable_data_ptr<T>();
+    const T *pc = cos.const_data_ptr<T>(), *ps = sin.const_data_ptr<T>();
+    parallel_for(0, tokens, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
         rotate_heads(px + t * width, heads, dim, pc + t * dim, ps + t * dim);
     });

@@ -1,18 +1,54 @@
+// The kernels as torch ops of the library's namespace, torch.ops.<MMSERVE_OPS_NAMESPACE>
+// (setup.py defines it per variant, mmserve_<variant>, so variants loaded into one process do not
+// clash), registered through torch's stable ABI when mmserve/kernels/__init__.py loads the
+// library (torch.ops.load_library). Why the stable ABI, not pybind11: docs/devices.md.
 #include "ops.h"
 
-// the tensor <-> Python conversions only (half the compile time of torch/extension.h)
-#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/stable/library.h>
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "causal paged attention over block tables");
-  m.def("supported_head_dims", []() { return std::vector<int64_t>{32, 64, 80, 96, 128, 256}; });
-  m.def("supported_dtypes", []() {
-    return std::vector<std::string>{"float32", "bfloat16", "float16"};
-  });
-  m.def("rms_norm", &rms_norm, "weight * x / sqrt(mean(x^2) + eps) over the last dim");
-  m.def("add_rms_norm", &add_rms_norm, "residual += delta (in place); rms_norm(residual)");
-  m.def("small_batch_linear", &small_batch_linear,
-        "x @ weight.T + bias for 1 to small_batch_linear_max_rows rows, bfloat16/float16");
-  m.attr("small_batch_linear_max_rows") = SMALL_BATCH_LINEAR_MAX_ROWS;
-  m.def("rotary_embedding", &rotary_embedding, "RoPE (rotate-half form) on the first heads of each row, in place");
+#include <string>
+#include <vector>
+
+#ifndef MMSERVE_OPS_NAMESPACE
+#error "MMSERVE_OPS_NAMESPACE (the torch.ops namespace) is defined by setup.py"
+#endif
+
+namespace {
+
+std::vector<std::string> supported_dtypes() { return {"float32", "bfloat16", "float16"}; }
+
+int64_t small_batch_linear_max_rows() { return SMALL_BATCH_LINEAR_MAX_ROWS; }
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
+  // causal paged attention over block tables (paged_attention.cpp)
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor query_start_loc, Tensor seq_lens, float scale, int block_size) -> Tensor");
+  m.def("supported_head_dims() -> int[]");
+  m.def("supported_dtypes() -> str[]");
+  // weight * x / sqrt(mean(x^2) + eps) over the last dim
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  // residual += delta (in place); rms_norm(residual)
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor weight, float eps) -> Tensor");
+  // RoPE (rotate-half form) on the first heads of each row, in place
+  m.def("rotary_embedding(Tensor(a!) x, int heads, Tensor cos, Tensor sin) -> ()");
+  // x @ weight.T + bias for 1 to small_batch_linear_max_rows() rows, bfloat16/float16
+  m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("small_batch_linear_max_rows() -> int");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
+  m.impl("paged_attention", TORCH_BOX(&paged_attention));
+  m.impl("rms_norm", TORCH_BOX(&rms_norm));
+  m.impl("add_rms_norm", TORCH_BOX(&add_rms_norm));
+  m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
+  m.impl("small_batch_linear", TORCH_BOX(&small_batch_linear));
+}
+
+// the ops without a tensor argument, which no device key dispatches
+STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CompositeExplicitAutograd, m) {
+  m.impl("supported_head_dims", TORCH_BOX(&supported_head_dims));
+  m.impl("supported_dtypes", TORCH_BOX(&supported_dtypes));
+  m.impl("small_batch_linear_max_rows", TORCH_BOX(&small_batch_linear_max_rows));
 }

@@ -1,26 +1,79 @@
-// mmserve's CPU kernels (float32, bfloat16 or float16; contiguous tensors, float32 arithmetic);
-// bound to Python in module.cpp.
+// mmserve's CPU kernels (float32, bfloat16 or float16; contiguous tensors, float32 arithmetic),
+// on torch's stable ABI (torch::stable::Tensor, a handle into libtorch's C shim; why:
+// docs/devices.md). Registered as torch ops in module.cpp.
 #pragma once
 
-// ATen's tensor alone: torch/extension.h (the whole C++ frontend) takes 10x as long to compile.
-#include <ATen/core/Tensor.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
 
+#include <cstdint>
 #include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& block_tables,
-                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                           double scale, int64_t block_size);
+using torch::stable::Tensor;
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+namespace mmserve {
 
-at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& delta, const at::Tensor& weight,
-                        double eps);
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw std::runtime_error(message.str());
+}
 
-void rotary_embedding(at::Tensor& x, int64_t heads, const at::Tensor& cos, const at::Tensor& sin);
+// A contiguous uninitialized tensor of `like`'s dtype and device: one call into libtorch's C
+// shim. torch::stable::new_empty looks aten::new_empty up by name on each call (~3.5 us more).
+inline Tensor new_empty(const Tensor& like, torch::headeronly::IntHeaderOnlyArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= sizes[i];
+  }
+  int32_t dtype = 0, device_type = 0, device_index = 0;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(like.get(), &dtype));
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  AtenTensorHandle out = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()),
+                                                         sizes.data(), strides.data(), dtype,
+                                                         device_type, device_index, &out));
+  return Tensor(out);
+}
+
+// t itself when contiguous (torch::stable::contiguous is a dispatcher call, ~1 us, even then)
+inline Tensor contiguous(const Tensor& t) {
+  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+}
+
+}  // namespace mmserve
+
+// A failed argument check: a RuntimeError in Python with the message alone (STD_TORCH_CHECK
+// would prefix it with the function, file and line).
+#define MMSERVE_CHECK(cond, ...)                  \
+  do {                                            \
+    if (!(cond)) ::mmserve::fail(__VA_ARGS__);    \
+  } while (0)
+
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const Tensor& block_tables, const Tensor& query_start_loc,
+                       const Tensor& seq_lens, double scale, int64_t block_size);
+
+// The head dims paged_attention is built for (MMSERVE_FOR_EACH_HEAD_DIM).
+std::vector<int64_t> supported_head_dims();
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+
+Tensor add_rms_norm(const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                    double eps);
+
+void rotary_embedding(const Tensor& x, int64_t heads, const Tensor& cos, const Tensor& sin);
 
 // The most rows of x small_batch_linear takes (a decode step's tokens).
 constexpr int64_t SMALL_BATCH_LINEAR_MAX_ROWS = 8;
 
-at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias);
+Tensor small_batch_linear(const Tensor& x, const Tensor& weight,
+                          const std::optional<Tensor>& bias);

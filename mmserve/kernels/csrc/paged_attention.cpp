@@ -16,78 +16,95 @@
 #include "ops.h"
 #include "paged_attention_launch.h"
 
-
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <numeric>
+#include <sstream>
+#include <string>
 #include <vector>
 
 using mmserve_attention::Args;
 using mmserve_attention::launch;
 using mmserve_attention::TILE_ROWS;
+using torch::headeronly::ScalarType;
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& block_tables,
-                           const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                           double scale, int64_t block_size) {
+namespace {
+
+#define MMSERVE_HEAD_DIM_ITEM(D, T) D,
+constexpr int64_t HEAD_DIMS[] = {MMSERVE_FOR_EACH_HEAD_DIM(MMSERVE_HEAD_DIM_ITEM, _)};
+#undef MMSERVE_HEAD_DIM_ITEM
+
+std::string head_dims_text() {
+  std::ostringstream text;
+  for (const int64_t d : HEAD_DIMS) text << (d == HEAD_DIMS[0] ? "" : ", ") << d;
+  return text.str();
+}
+
+}  // namespace
+
+std::vector<int64_t> supported_head_dims() {
+  return {std::begin(HEAD_DIMS), std::end(HEAD_DIMS)};
+}
+
+Tensor paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const Tensor& block_tables, const Tensor& query_start_loc,
+                       const Tensor& seq_lens, double scale, int64_t block_size) {
   const auto dtype = q.scalar_type();
-  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3 &&
-                  (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
-              "q must be a float32, bfloat16 or float16 CPU tensor [tokens, heads, head_dim]");
-  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
-                  k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
-              "k_cache/v_cache must be [slots, kv_heads, head_dim] of q's dtype");
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous(),
-              "q rows must hold contiguous heads; k_cache and v_cache must be contiguous");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
-                  block_tables.is_contiguous(),
-              "block_tables must be contiguous int32 [seqs, max_blocks]");
+  MMSERVE_CHECK(q.is_cpu() && q.dim() == 3 &&
+                    (dtype == ScalarType::Float || dtype == ScalarType::BFloat16 ||
+                     dtype == ScalarType::Half),
+                "q must be a float32, bfloat16 or float16 CPU tensor [tokens, heads, head_dim]");
+  MMSERVE_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
+                    k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
+                "k_cache/v_cache must be [slots, kv_heads, head_dim] of q's dtype");
+  MMSERVE_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && k_cache.is_contiguous() &&
+                    v_cache.is_contiguous(),
+                "q rows must hold contiguous heads; k_cache and v_cache must be contiguous");
+  MMSERVE_CHECK(block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 2 &&
+                    block_tables.is_contiguous(),
+                "block_tables must be contiguous int32 [seqs, max_blocks]");
   const int64_t num_seqs = block_tables.size(0);
-  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && query_start_loc.numel() == num_seqs + 1,
-              "query_start_loc must be int32 [seqs + 1]");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.numel() == num_seqs,
-              "seq_lens must be int32 [seqs]");
+  MMSERVE_CHECK(query_start_loc.scalar_type() == ScalarType::Int &&
+                    query_start_loc.numel() == num_seqs + 1,
+                "query_start_loc must be int32 [seqs + 1]");
+  MMSERVE_CHECK(seq_lens.scalar_type() == ScalarType::Int && seq_lens.numel() == num_seqs,
+                "seq_lens must be int32 [seqs]");
   const int64_t num_heads = q.size(1), num_kv_heads = k_cache.size(1), head_dim = q.size(2);
-  TORCH_CHECK(k_cache.size(2) == head_dim && num_heads % num_kv_heads == 0,
-              "head_dim must match and num_heads be a multiple of num_kv_heads");
-  TORCH_CHECK(num_heads / num_kv_heads <= TILE_ROWS, "more than ", TILE_ROWS,
-              " query heads per kv head");
-  TORCH_CHECK(block_size > 0, "block_size must be positive");
-  // new_empty, not at::empty: ATen's per-op headers would double this file's compile time
-  auto out = q.new_empty({q.size(0), q.size(1), q.size(2)});
-  const auto qsl = query_start_loc.contiguous();
-  const auto lens = seq_lens.contiguous();
-  const int32_t* starts = qsl.data_ptr<int32_t>();
-  const int32_t* lengths = lens.data_ptr<int32_t>();
-  TORCH_CHECK(starts[num_seqs] == q.size(0), "query_start_loc[-1] != tokens");
+  MMSERVE_CHECK(k_cache.size(2) == head_dim && num_heads % num_kv_heads == 0,
+                "head_dim must match and num_heads be a multiple of num_kv_heads");
+  MMSERVE_CHECK(num_heads / num_kv_heads <= TILE_ROWS, "more than ", TILE_ROWS,
+                " query heads per kv head");
+  MMSERVE_CHECK(block_size > 0, "block_size must be positive");
+  const Tensor qsl = mmserve::contiguous(query_start_loc);
+  const Tensor lens = mmserve::contiguous(seq_lens);
+  const int32_t* starts = qsl.const_data_ptr<int32_t>();
+  const int32_t* lengths = lens.const_data_ptr<int32_t>();
+  MMSERVE_CHECK(starts[num_seqs] == q.size(0), "query_start_loc[-1] != tokens");
   const int64_t max_blocks = block_tables.size(1);
   const int64_t num_blocks = k_cache.size(0) / block_size;
-  const int32_t* table = block_tables.data_ptr<int32_t>();
+  const int32_t* table = block_tables.const_data_ptr<int32_t>();
   for (int64_t i = 0; i < num_seqs * max_blocks; ++i) {
-    TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
+    MMSERVE_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " out of range");
   }
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int32_t n = starts[b + 1] - starts[b];
-    TORCH_CHECK(n >= 0 && lengths[b] >= n, "sequence ", b, ": seq_len below its query count");
-    TORCH_CHECK((lengths[b] + block_size - 1) / block_size <= max_blocks, "sequence ", b,
-                ": block table too short for seq_len");
+    MMSERVE_CHECK(n >= 0 && lengths[b] >= n, "sequence ", b, ": seq_len below its query count");
+    MMSERVE_CHECK((lengths[b] + block_size - 1) / block_size <= max_blocks, "sequence ", b,
+                  ": block table too short for seq_len");
   }
+  const Tensor out = mmserve::new_empty(q, {q.size(0), q.size(1), q.size(2)});
   const auto run = [&](auto zero) {
     using T = decltype(zero);
-    const Args<T> args{q.data_ptr<T>(),   k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
-                       out.data_ptr<T>(), table,                 starts,
-                       lengths,           max_blocks,            block_size,
-                       num_heads,         num_kv_heads,          static_cast<float>(scale),
+    const Args<T> args{q.const_data_ptr<T>(),   k_cache.const_data_ptr<T>(),
+                       v_cache.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
+                       table,                   starts,
+                       lengths,                 max_blocks,
+                       block_size,              num_heads,
+                       num_kv_heads,            static_cast<float>(scale),
                        q.stride(0)};
     return launch<T>(args, num_seqs, head_dim);
   };
-  const bool supported = dtype == at::kFloat      ? run(float{})
-                         : dtype == at::kBFloat16 ? run(c10::BFloat16{})
-                                                  : run(c10::Half{});
-  TORCH_CHECK(supported, "unsupported head_dim ", head_dim, " (32, 64, 80, 96, 128, 256)");
+  const bool supported = dtype == ScalarType::Float      ? run(float{})
+                         : dtype == ScalarType::BFloat16 ? run(c10::BFloat16{})
+                                                         : run(c10::Half{});
+  MMSERVE_CHECK(supported, "unsupported head_dim ", head_dim, " (", head_dims_text(), ")");
   return out;
 }

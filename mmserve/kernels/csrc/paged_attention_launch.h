@@ -1,13 +1,13 @@
 // The host side of the paged attention kernel (see paged_attention.cpp): the work plan, its
 // binning across threads and the per-head-dim dispatch, for one element type. Each element
 // type is compiled in its own file (paged_attention_<type>.cpp) so the three compile in
-// parallel; paged_attention.cpp sees only the declarations below. These files take raw
-// pointers (Args), not tensors: ATen's tensor header would double each one's compile time.
+// parallel; paged_attention.cpp sees only the declarations below, checks the tensors and passes
+// raw pointers (Args).
 #pragma once
 
 #include "paged_attention_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <torch/csrc/stable/ops.h>  // parallel_for
 
 #include <algorithm>
 #include <cstdint>
@@ -57,9 +57,9 @@ template <int D, typename T>
 void run(const Args<T>& a, int64_t num_seqs) {
   static_assert(D % L == 0, "head_dim must be a multiple of 16");
   const int group = static_cast<int>(a.num_heads / a.num_kv_heads);
-  const int bins = std::max(1, at::get_num_threads());
+  const int bins = std::max(1, static_cast<int>(torch::stable::get_num_threads()));
   const auto work = bin_items(plan(a, num_seqs), bins);
-  at::parallel_for(0, bins, 1, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, bins, 1, [&](int64_t begin, int64_t end) {
     Scratch<D> scratch;
     for (int64_t b = begin; b < end; ++b) {
       for (const auto& item : work[b]) {

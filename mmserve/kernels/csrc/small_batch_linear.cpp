@@ -10,12 +10,12 @@
 
 #include "ops.h"
 
-#include <ATen/Parallel.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 #if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -105,9 +105,9 @@ void rows(const float* x, const T* w, const T* bias, T* out, int64_t k_dim, int6
 template <int M, typename T>
 void run(const float* x, const T* w, const T* bias, T* out, int64_t k_dim, int64_t n_dim) {
   constexpr int R = M == 1 ? 8 : (M == 2 ? 4 : (M <= 4 ? 2 : 1));  // M * R accumulators in registers
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
   const int64_t grain = std::max(GRAIN_ROWS, (n_dim + threads - 1) / threads);
-  at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     rows<M, R, T>(x, w, bias, out, k_dim, n_dim, begin, end);
   });
 }
@@ -129,32 +129,33 @@ void dispatch_rows(int64_t m, const float* x, const T* w, const T* bias, T* out,
 
 }  // namespace
 
-at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias) {
+Tensor small_batch_linear(const Tensor& x, const Tensor& weight,
+                          const std::optional<Tensor>& bias) {
+  using torch::headeronly::ScalarType;
   const auto dtype = weight.scalar_type();
-  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.is_contiguous() &&
-                  (dtype == at::kBFloat16 || dtype == at::kHalf),
-              "weight must be a contiguous bfloat16 or float16 CPU tensor [out, in]");
+  MMSERVE_CHECK(weight.is_cpu() && weight.dim() == 2 && weight.is_contiguous() &&
+                    (dtype == ScalarType::BFloat16 || dtype == ScalarType::Half),
+                "weight must be a contiguous bfloat16 or float16 CPU tensor [out, in]");
   const int64_t n_dim = weight.size(0), k_dim = weight.size(1);
-  TORCH_CHECK(x.scalar_type() == dtype && x.dim() == 2 && x.size(1) == k_dim,
-              "x must be [rows, in] of the weight's dtype");
+  MMSERVE_CHECK(x.is_cpu() && x.scalar_type() == dtype && x.dim() == 2 && x.size(1) == k_dim,
+                "x must be [rows, in] of the weight's dtype");
   const int64_t m_dim = x.size(0);
-  TORCH_CHECK(m_dim >= 1 && m_dim <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows");
-  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == dtype && bias->is_contiguous() &&
-                                    bias->numel() == n_dim),
-              "bias must be contiguous [out] of the weight's dtype");
+  MMSERVE_CHECK(m_dim >= 1 && m_dim <= MAX_ROWS, "x must have 1 to ", MAX_ROWS, " rows");
+  MMSERVE_CHECK(!bias.has_value() || (bias->is_cpu() && bias->scalar_type() == dtype &&
+                                      bias->is_contiguous() && bias->numel() == n_dim),
+                "bias must be contiguous [out] of the weight's dtype");
   std::vector<float> x32(m_dim * k_dim);
-  const at::Tensor xc = x.contiguous();
-  auto out = x.new_empty({m_dim, n_dim});
+  const Tensor xc = mmserve::contiguous(x);
+  const Tensor out = mmserve::new_empty(x, {m_dim, n_dim});
   const auto run_type = [&](auto zero) {
     using T = decltype(zero);
-    const T* px = xc.data_ptr<T>();
+    const T* px = xc.const_data_ptr<T>();
     for (int64_t i = 0; i < m_dim * k_dim; ++i) x32[i] = static_cast<float>(px[i]);
-    const T* pb = bias.has_value() ? bias->data_ptr<T>() : nullptr;
-    dispatch_rows<T>(m_dim, x32.data(), weight.data_ptr<T>(), pb, out.data_ptr<T>(), k_dim,
-                     n_dim);
+    const T* pb = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
+    dispatch_rows<T>(m_dim, x32.data(), weight.const_data_ptr<T>(), pb,
+                     out.mutable_data_ptr<T>(), k_dim, n_dim);
   };
-  if (dtype == at::kBFloat16) {
+  if (dtype == ScalarType::BFloat16) {
     run_type(c10::BFloat16{});
   } else {
     run_type(c10::Half{});

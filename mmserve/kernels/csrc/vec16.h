@@ -2,8 +2,8 @@
 // float16 to them, shared by the kernels. A v16f lowers to one AVX-512 or two AVX2 registers.
 #pragma once
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <cstdint>
 #include <cstring>
