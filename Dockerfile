@@ -18,8 +18,9 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 WORKDIR /opt/mmserve
 COPY pyproject.toml setup.py README.md LICENSE ./
 COPY mmserve ./mmserve
-# every kernel variant: the image runs on CPUs other than the one that builds it
-RUN MMSERVE_KERNEL_VARIANTS=all pip install --no-cache-dir --no-build-isolation . \
+# every kernel variant (the image runs on CPUs other than the one that builds it) and the
+# structured extra (xgrammar: a server image answers response_format)
+RUN MMSERVE_KERNEL_VARIANTS=all pip install --no-cache-dir --no-build-isolation '.[structured]' \
     && python -c "import mmserve.kernels as k; assert k.cpu_ops(), k.unavailable_reason()"
 
 RUN useradd --create-home --uid 1000 mmserve && mkdir -p /var/cache/mmserve \

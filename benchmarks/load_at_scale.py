@@ -69,7 +69,8 @@ def one_run(engine: str, path: Path, args: argparse.Namespace) -> dict[str, Any]
     python = args.vllm_python if engine == "vllm" else sys.executable
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     if engine == "vllm":
-        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE=str(args.kv_gib),
+        kv_space = str(round(args.kv_gib))  # vLLM reads whole GiB ("1.0" is refused)
+        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE=kv_space,
                    VLLM_CPU_OMP_THREADS_BIND="nobind")  # fmt: skip
     argv = [python, __file__, "--child", engine, str(path), str(args.kv_gib), str(time.time())]
     run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import pytest
 import torch
@@ -177,3 +178,23 @@ def test_a_grammar_that_completes_before_min_tokens_ends_the_request(llm: LLM) -
     params = SamplingParams(temperature=0, max_tokens=30, min_tokens=20, structured_outputs=spec)
     out = llm.generate("Pick a city:", params)[0].outputs[0]
     assert out.token_ids == short.token_ids and out.finish_reason == "stop"
+
+
+def test_without_xgrammar_a_constraint_is_a_value_error_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """xgrammar is the ``structured`` extra: without it a constrained request is refused in one
+    line that says what to install, and an unconstrained one runs."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` fails as if absent
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen2-vl"))
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    with pytest.raises(ValueError, match=r"needs 'xgrammar'.*pip install 'mmserve\[structured\]'"):
+        compiler.compile(StructuredOutputsParams(json_object=True))
+    llm = LLM(model="tiny-qwen2-vl")
+    constrained = SamplingParams(
+        temperature=0, max_tokens=4, structured_outputs=StructuredOutputsParams(regex="[ab]+")
+    )
+    with pytest.raises(ValueError, match=r"mmserve\[structured\]"):
+        llm.generate(["Hello"], constrained)
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import sys
 from pathlib import Path
 
 import httpx
@@ -110,3 +111,15 @@ def test_the_server_is_warm_before_it_accepts_a_connection(
         assert "warm-up took" in log and "process(es) warm in" in log
     else:
         assert not started and "warm-up took" not in log
+
+
+def test_warm_up_without_xgrammar_skips_the_grammar_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """xgrammar is the ``structured`` extra: a server without it still warms up and serves."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` fails as if absent
+    engine = LLMEngine.from_args("tiny-llava")
+    with caplog.at_level(logging.INFO):
+        report = engine.warm_up()
+    assert report.images_encoded == 1 and not engine.has_unfinished_requests()
+    assert "mmserve[structured]" in caplog.text

@@ -11,9 +11,15 @@ import re
 import threading
 from typing import Any
 
+from mmserve.extras import MissingExtra, require_extra
 from mmserve.structured_outputs import MAX_JSON_WHITESPACE, StructuredOutputsParams
 
 _XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[time] file.cc:12: "
+
+
+class StructuredOutputsUnavailable(ValueError):
+    """xgrammar (the ``structured`` extra) is not installed: a constrained request is refused
+    with this one line naming what to install; unconstrained requests run as usual."""
 
 
 def choice_grammar(choices: list[str]) -> str:
@@ -49,8 +55,15 @@ class GrammarCompiler:
     def _get(self) -> Any:
         with self._lock:
             if self._compiler is None:
-                import xgrammar as xgr
-
+                try:
+                    xgr = require_extra(
+                        "xgrammar",
+                        "structured",
+                        "a structured output constraint (response_format, structured_outputs,"
+                        " guided_*, tool_choice)",
+                    )
+                except MissingExtra as exc:
+                    raise StructuredOutputsUnavailable(str(exc)) from None
                 info = xgr.TokenizerInfo.from_huggingface(
                     self.tokenizer,
                     vocab_size=self.vocab_size,

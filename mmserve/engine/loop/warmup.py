@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.grammar import GrammarCompiler, StructuredOutputsUnavailable
 from mmserve.engine.admission.intake import RequestIntake
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.setup.chat_template import ChatTemplate
@@ -90,7 +90,10 @@ def run_warmup_request(engine: WarmupEngine) -> WarmupReport:
                 finished = out
     if finished.error is not None:
         raise RuntimeError(f"the warm-up request failed: {finished.error}")
-    engine.grammar.compile(StructuredOutputsParams(json_object=True))
+    try:
+        engine.grammar.compile(StructuredOutputsParams(json_object=True))
+    except StructuredOutputsUnavailable as exc:
+        logger.info("structured outputs are off: %s", exc)
     return WarmupReport(
         images_encoded=int(engine.runner.encoder.num_images_encoded),
         prompt_tokens=len(processed.prompt_token_ids),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -242,3 +243,20 @@ def test_tool_calls_stream_per_choice_with_n(client: OpenAI) -> None:
             for chunk in stream
         ]
         assert _assembled(per_choice) == ("", _calls(c.message), "stop")
+
+
+def test_without_xgrammar_constraints_are_400s_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """xgrammar is the ``structured`` extra: a server without it starts, answers plain chats,
+    and refuses a constrained one with a 400 that says what to install."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` fails as if absent
+    argv = ["serve", MODEL, "--port", "0", "--uvicorn-log-level", "warning"]
+    with serve_in_thread(build_parser().parse_args(argv)) as srv:
+        client = OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=120)
+        for extra in ({"response_format": {"type": "json_object"}}, {"guided_choice": ["a"]}):
+            with pytest.raises(openai.BadRequestError) as info:
+                chat(client, max_tokens=5, extra_body=extra)
+            body = info.value.body
+            assert isinstance(body, dict) and "pip install 'mmserve[structured]'" in body["message"]
+        assert chat(client, max_tokens=3).choices[0].finish_reason == "length"
