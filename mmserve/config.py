@@ -164,6 +164,7 @@ class EncoderStoreConfig:
     ttl_s: int = 86400
     timeout_ms: float = 50.0
     write_queue: int = 64
+    lease_ms: int = 2000  # the encode lease's lifetime with L3; 0: no lease
 
     def __post_init__(self) -> None:
         """ValueError naming the ``encoder_store_*`` setting that is out of range."""
@@ -172,6 +173,7 @@ class EncoderStoreConfig:
             ("encoder_store_disk_bytes", self.disk_bytes, 1),
             ("encoder_store_ttl", self.ttl_s, 1),
             ("encoder_store_write_queue", self.write_queue, 1),
+            ("encoder_store_lease_ms", self.lease_ms, 0),
         )
         for name, value, least in checks:
             if not isinstance(value, int) or value < least:

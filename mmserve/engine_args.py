@@ -165,6 +165,10 @@ class EngineArgs:
     encoder_store_write_queue: int = arg_field(
         64, "encoder store write-behind queue length (full: writes are dropped and counted)"
     )
+    encoder_store_lease_ms: int = arg_field(
+        2000, "with L3: how long the replica that misses a new image first may take to store"
+        " its encoding while the others wait for it, at most (0: each replica encodes)",
+    )  # fmt: skip
     tensor_parallel_size: int = arg_field(
         1, "vLLM compatibility: mmserve runs a model on one device, so only 1 is accepted",
         aliases=("-tp",),
@@ -288,6 +292,7 @@ class EngineArgs:
             ttl_s=self.encoder_store_ttl,
             timeout_ms=self.encoder_store_timeout_ms,
             write_queue=self.encoder_store_write_queue,
+            lease_ms=self.encoder_store_lease_ms,
         )
         return config if config.enabled else None
 

@@ -31,6 +31,9 @@ class MultiModalItem:
     crop: int | None = None
     # the embedding the encoder store returned (a host tensor): loaded instead of encoded
     stored: Any = field(default=None, compare=False, repr=False)
+    # a future of the embedding another replica holds the store's encode lease for (the
+    # tensor, or None: encode here); the item is not scheduled before it resolves
+    awaited: Any = field(default=None, compare=False, repr=False)
 
     @property
     def modality(self) -> str:

@@ -56,7 +56,9 @@ class Request:
 
     ``mm_items`` is shared with the worker's state of the request (``NewRequestData``): an
     item's ``stored`` embedding is replaced by None in place once a step reached it
-    (``drop_reached_stored``); ``may_hold_stored`` is False once no item holds one.
+    (``drop_reached_stored``); ``may_hold_stored`` is False once no item holds one. An item
+    another replica is encoding carries its future (``awaited``) until ``settle_store_waits``
+    replaces it; ``may_await_store`` is False once none does.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Request:
         self.mm_items = sorted(mm_items or [], key=lambda item: item.offset)
         self.mm_sources: list[EmbeddingSource | None] = [None] * len(self.mm_items)
         self.may_hold_stored = True
+        self.may_await_store = any(item.awaited is not None for item in self.mm_items)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.all_token_ids = list(prompt_token_ids)

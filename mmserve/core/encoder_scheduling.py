@@ -29,6 +29,10 @@ class EncoderPlan:
     ``blocked_on_space`` says the chunk was cut because the cache had no room (not because of
     the per-step compute budget): the scheduler then lets no later request of the step take
     cache space, so the space freed by finishing occurrences goes to the earlier request.
+
+    An item missing from the cache that another replica is encoding (``MultiModalItem.awaited``
+    still pending, see ``settle_store_waits``) is neither encoded nor loaded: the chunk ends
+    before it (``awaits_store``) and takes nothing, so other requests use the step.
     """
 
     num_new_tokens: int
@@ -38,6 +42,7 @@ class EncoderPlan:
     num_embeddings_to_encode: int = 0
     num_embeddings_to_load: int = 0
     blocked_on_space: bool = False
+    awaits_store: bool = False
 
 
 @dataclass
@@ -94,6 +99,10 @@ def plan_encoder_inputs(
                 pinned[key] = item.length
             plan.to_reference.append(idx)
             continue
+        if item.awaited is not None and item.stored is None:  # settled: so still pending
+            plan.num_new_tokens = max(item.offset - start, 0)
+            plan.awaits_store = True
+            break
         space = plan.num_embeddings_to_encode + plan.num_embeddings_to_load + item.length
         needed = plan.num_embeddings_to_encode + item.length
         if item.stored is None and needed > budget_left:
@@ -200,6 +209,28 @@ def note_worker_encodes(request: Request, num_scheduled: int, keys: frozenset[st
     for idx, item in enumerate(request.mm_items):
         if item.key in keys and item.offset < end and item.offset + item.length > start:
             request.note_mm_source(idx, EmbeddingSource.ENCODED)
+
+
+def settle_store_waits(request: Request) -> None:
+    """Before planning: each item whose wait for another replica's encode ended becomes a
+    load of the stored embedding, or a plain miss (encode here) when it ended without one.
+    A future that failed or was cancelled is a miss. Cheap once none is left
+    (``Request.may_await_store``)."""
+    if not request.may_await_store:
+        return
+    pending = False
+    for idx, item in enumerate(request.mm_items):
+        wait = item.awaited
+        if wait is None:
+            continue
+        if not wait.done():
+            pending = True
+            continue
+        ok = not wait.cancelled() and wait.exception() is None
+        stored = wait.result() if ok else None
+        request.mm_items[idx] = dataclasses.replace(item, stored=stored, awaited=None)
+        request.may_hold_stored |= stored is not None
+    request.may_await_store = pending
 
 
 def drop_reached_stored(request: Request) -> None:

@@ -21,7 +21,7 @@ class NewRequestData:
 
     req_id: str
     token_ids: list[int]
-    mm_items: list[MultiModalItem]  # the request's own list (its ``stored`` drops reach here)
+    mm_items: list[MultiModalItem]  # the request's own list (its in-place changes reach here)
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int

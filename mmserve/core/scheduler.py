@@ -14,6 +14,7 @@ from mmserve.core.encoder_scheduling import (
     note_worker_encodes,
     plan_encoder_inputs,
     release_finished_occurrences,
+    settle_store_waits,
 )
 from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.outputs import (
@@ -46,7 +47,8 @@ class Scheduler:
       request that cannot progress is left out, never given 0 or a negative count), encoder
       work <= the encoder compute budget (``StepBudget``), and an item key is encoded or
       loaded at most once (a load, an item the encoder store returned at admission, takes
-      cache space but no encoder budget);
+      cache space but no encoder budget); an item another replica is encoding is neither: its
+      request runs up to it, or, waiting, is passed over (keeping its place) for the next;
     - a request holds an item's store embedding (``MultiModalItem.stored``, a host tensor)
       only until a step that ran reached the item; an entry it needs again after an eviction
       (preemption, a later occurrence of the image) is encoded, never loaded twice;
@@ -156,7 +158,13 @@ class Scheduler:
         out.finished_req_ids, out.preempted_req_ids = self.worker.take_changes()
         return out
 
+    @property
+    def held_for_store(self) -> int:
+        """Requests of the last step held at an item another replica is encoding."""
+        return self._budget.held_for_store
+
     def _plan(self, request: Request) -> EncoderPlan:
+        settle_store_waits(request)
         num_new = min(request.num_tokens - request.num_computed_tokens, self._budget.tokens)
         return plan_encoder_inputs(
             request,
@@ -211,6 +219,8 @@ class Scheduler:
                 new_block_ids = self.kv.allocate_slots(request, plan.num_new_tokens, hit_blocks)
             if new_block_ids is None:
                 request.num_computed_tokens = entry.prev_num_computed_tokens
+                if plan.awaits_store and plan.num_new_tokens == 0:
+                    continue  # another replica encodes its next item: the next may go
                 return
             if request.status == RequestStatus.WAITING:  # first admission, not a resume
                 request.num_cached_tokens = num_hit
@@ -224,12 +234,15 @@ class Scheduler:
             self._commit(entry, plan, new_block_ids, out)
 
     def _waiting_candidates(self, only: set[str] | None) -> Iterator[Request]:
-        """FCFS: the head of ``waiting`` until one is refused (an admitted one leaves it)."""
+        """FCFS: the head of ``waiting`` until one is refused (admitted ones leave it)."""
         if only is not None:
             yield from [request for request in self.waiting if request.req_id in only]
             return
-        while self.waiting:
-            yield self.waiting[0]
+        idx = 0
+        while idx < len(self.waiting):
+            request = self.waiting[idx]
+            yield request
+            idx += idx < len(self.waiting) and self.waiting[idx] is request
 
     def _commit(
         self,

@@ -73,6 +73,7 @@ def open_encoder_store(
         RamTier(config.ram_bytes) if config.ram_bytes else None,
         tiers,
         config.write_queue,
+        lease_ms=config.lease_ms,
     )
     logger.info(
         "encoder store: L1 %d bytes, L2 %s, L3 %s, weights fingerprint %s",

@@ -5,23 +5,29 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from mmserve.store.metrics import StoreMetrics
 
 Future = concurrent.futures.Future
+# a lookup's answer: the embedding, None (a miss: encode here), or the future of the
+# embedding another replica holds the encode lease for (``LeaseWaits``)
+LookupResult = torch.Tensor | Future[torch.Tensor | None] | None
 
 
 class StoreLookup:
-    """Item key -> future of its embedding (None: a miss), filled by the store's threads.
+    """Item key -> future of its ``LookupResult``, filled by the store's threads.
 
     Invariants: waiting is bounded by the caller's deadline and never cancels a lookup (others
-    may share it); ``hits`` returns only lookups already resolved to a tensor and never blocks,
-    so a late lookup is a miss for this prompt (counted once in ``late_lookups``).
+    may share it), nor waits for another replica's encode; ``results`` never blocks: a hit
+    is a lookup already resolved to a tensor (or to a wait already ended with one), a wait is
+    one still open; anything else is a miss for this prompt, a late lookup too (counted once
+    in ``late_lookups``).
     """
 
-    def __init__(self, futures: Mapping[str, Future[torch.Tensor | None]], metrics: StoreMetrics):
+    def __init__(self, futures: Mapping[str, Future[LookupResult]], metrics: StoreMetrics):
         self.futures = dict(futures)
         self.metrics = metrics
         self._waited = False
@@ -47,11 +53,29 @@ class StoreLookup:
         if num_pending:
             self.metrics.add("late_lookups", num_pending)
 
-    def hits(self) -> dict[str, torch.Tensor]:
-        found = {}
+    def results(self) -> tuple[dict[str, torch.Tensor], dict[str, Future[torch.Tensor | None]]]:
+        """(item key -> stored embedding, item key -> open wait for another replica's)."""
+        hits, waits = {}, {}
         for key, fut in self.futures.items():
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                tensor = fut.result()
-                if tensor is not None:
-                    found[key] = tensor
-        return found
+            result = _outcome(fut)
+            if isinstance(result, Future):
+                if not result.done():
+                    waits[key] = result
+                    continue
+                result = _outcome(result)
+            if isinstance(result, torch.Tensor):
+                hits[key] = result
+        return hits, waits
+
+    def hits(self) -> dict[str, torch.Tensor]:
+        return self.results()[0]
+
+    def waits(self) -> dict[str, Future[torch.Tensor | None]]:
+        return self.results()[1]
+
+
+def _outcome(fut: Future[Any]) -> Any:
+    """A done future's result; None while pending, cancelled or failed."""
+    if fut.done() and not fut.cancelled() and fut.exception() is None:
+        return fut.result()
+    return None

@@ -8,14 +8,17 @@ from collections import defaultdict
 TIERS = ("ram", "disk", "redis")
 TIER_FIELDS = ("hits", "misses", "errors", "bytes", "lookup_seconds")
 STORE_FIELDS = ("writes", "writes_dropped", "write_errors", "mac_failures", "corrupt_entries",
-                "late_lookups")  # fmt: skip
+                "late_lookups", "lease_acquired", "lease_waits", "lease_loaded",
+                "lease_takeovers")  # fmt: skip
 
 
 class StoreMetrics:
     """Monotonic counters: per tier ``hits``, ``misses``, ``errors`` (failed or skipped
     calls), ``bytes`` (read on hits) and ``lookup_seconds``; store-wide ``writes``,
     ``writes_dropped`` (queue full), ``write_errors``, ``mac_failures``, ``corrupt_entries``
-    (every verification failure, MAC ones included) and ``late_lookups`` (past the deadline).
+    (every verification failure, MAC ones included), ``late_lookups`` (past the deadline) and
+    the encode lease's ``lease_acquired``, ``lease_waits``, ``lease_loaded`` and
+    ``lease_takeovers`` (``LeaseWaits`` says what each counts).
 
     Invariant: names are ``<tier>_<field>`` or a store field; ``add`` is atomic."""
 

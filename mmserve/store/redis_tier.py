@@ -43,7 +43,8 @@ class RedisTier:
         self._open_until = 0.0
         self._lock = threading.Lock()
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` (a method of ``client``) behind the circuit."""
         if time.monotonic() < self._open_until:
             raise TierUnavailable("redis circuit open")
         try:
@@ -54,15 +55,15 @@ class RedisTier:
             raise
 
     def get(self, key: str) -> bytes | None:
-        value = self._call(self.client.getex, KEY_PREFIX + key, ex=self.ttl_s)
+        value = self.call(self.client.getex, KEY_PREFIX + key, ex=self.ttl_s)
         return None if value is None else bytes(value)
 
     def put(self, key: str, value: bytes) -> bool:
         """Whether this call stored it (False: the key existed, its TTL left as it was)."""
-        return bool(self._call(self.client.set, KEY_PREFIX + key, value, nx=True, ex=self.ttl_s))
+        return bool(self.call(self.client.set, KEY_PREFIX + key, value, nx=True, ex=self.ttl_s))
 
     def delete(self, key: str) -> None:
-        self._call(self.client.delete, KEY_PREFIX + key)
+        self.call(self.client.delete, KEY_PREFIX + key)
 
     def close(self) -> None:
         self.client.close()

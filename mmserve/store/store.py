@@ -17,10 +17,12 @@ from mmserve.store.codec import CorruptEntry, StoreCodec
 from mmserve.store.disk import DiskTier
 from mmserve.store.held import HeldKeys
 from mmserve.store.keys import StoreKeyer
-from mmserve.store.lookup import StoreLookup
+from mmserve.store.lease import EncodeLease
+from mmserve.store.lookup import LookupResult, StoreLookup
 from mmserve.store.metrics import StoreMetrics
 from mmserve.store.ram import RamTier
 from mmserve.store.redis_tier import RedisTier, TierUnavailable
+from mmserve.store.waits import LeaseWaits
 from mmserve.store.writer import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 ByteTier = DiskTier | RedisTier
 ERROR_LOG_INTERVAL_S = 60.0
 EXIT_FLUSH_S = 10.0
+MAX_LEASES_WAITED = 2  # a wait outlasting this many lease lifetimes ends in a local encode
 
 
 class EncoderStore:
@@ -46,6 +49,13 @@ class EncoderStore:
       failed write, a disk eviction or half the Redis TTL forgets it), so re-encoding an
       evicted entry the store holds queues nothing; nor does re-encoding one whose write is
       still queued (if that write then fails, a later lookup misses and writes it);
+    - with Redis and ``lease_ms`` > 0, a lookup that misses every tier takes the item's
+      encode lease (``EncodeLease``) and answers a miss (encode here), unless another replica
+      holds it: then it answers that replica's future result (``LeaseWaits``: the stored
+      embedding, or None to encode here once the lease ended without one); the holder
+      releases the lease after the item's write (or when nothing needs writing), and a lease
+      it never releases expires; a key whose lease this process holds is a plain miss, as the
+      encoder cache deduplicates within a process;
     - nothing here raises into the caller for a tier's failure.
     """
 
@@ -57,6 +67,7 @@ class EncoderStore:
         tiers: Sequence[ByteTier],
         write_queue: int = 64,
         lookup_threads: int = 4,
+        lease_ms: int = 0,
     ) -> None:
         self.keyer = keyer
         self.codec = codec
@@ -75,10 +86,13 @@ class EncoderStore:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             lookup_threads, thread_name_prefix="mmserve-store-lookup"
         )
-        self._inflight: dict[str, concurrent.futures.Future[torch.Tensor | None]] = {}
+        self._inflight: dict[str, concurrent.futures.Future[LookupResult]] = {}
         self._lock = Lock()
         self._last_error_log: dict[str, float] = {}
         self._closed = False
+        redis = next((t for t in self.tiers if isinstance(t, RedisTier)), None)
+        self.lease = EncodeLease(redis, lease_ms) if redis is not None and lease_ms > 0 else None
+        self.waits = LeaseWaits(self._poll_wait, MAX_LEASES_WAITED * lease_ms / 1000, self.metrics)
 
     # ---- lookups ---------------------------------------------------------------------
     def lookup(
@@ -86,7 +100,7 @@ class EncoderStore:
     ) -> StoreLookup | None:
         """Start looking up ``items`` (``skip``: item keys not to look up, e.g. those the
         device cache holds). None when nothing needs looking up."""
-        futures: dict[str, concurrent.futures.Future[torch.Tensor | None]] = {}
+        futures: dict[str, concurrent.futures.Future[LookupResult]] = {}
         if self._closed:
             return None
         for item in items:
@@ -95,16 +109,16 @@ class EncoderStore:
             futures[item.key] = self._start(self.keyer.key(item.key), item.length)
         return StoreLookup(futures, self.metrics) if futures else None
 
-    def _start(self, skey: str, rows: int) -> concurrent.futures.Future[torch.Tensor | None]:
+    def _start(self, skey: str, rows: int) -> concurrent.futures.Future[LookupResult]:
         if self.ram is not None:
             tensor = self.ram.get(skey)
             self.metrics.add("ram_hits" if tensor is not None else "ram_misses")
             if tensor is not None and tensor.shape[0] == rows:
-                done: concurrent.futures.Future[torch.Tensor | None] = concurrent.futures.Future()
+                done: concurrent.futures.Future[LookupResult] = concurrent.futures.Future()
                 done.set_result(tensor)
                 return done
         if not self.tiers:
-            miss: concurrent.futures.Future[torch.Tensor | None] = concurrent.futures.Future()
+            miss: concurrent.futures.Future[LookupResult] = concurrent.futures.Future()
             miss.set_result(None)
             return miss
         with self._lock:
@@ -115,12 +129,59 @@ class EncoderStore:
         fut.add_done_callback(lambda f: self._finished(skey, f))
         return fut
 
-    def _finished(self, skey: str, fut: concurrent.futures.Future[torch.Tensor | None]) -> None:
+    def _finished(self, skey: str, fut: concurrent.futures.Future[LookupResult]) -> None:
         with self._lock:
             if self._inflight.get(skey) is fut:
                 del self._inflight[skey]
 
-    def _fetch(self, skey: str, rows: int) -> torch.Tensor | None:
+    def _fetch(self, skey: str, rows: int) -> LookupResult:
+        tensor = self._read(skey, rows)
+        if tensor is not None or self.lease is None:
+            return tensor
+        return self._elect(self.lease, skey, rows)
+
+    def _elect(self, lease: EncodeLease, skey: str, rows: int) -> LookupResult:
+        """Every tier missed: take the encode lease (None: encode here), else wait for the
+        holder's result. A failed Redis call is a miss (encode here)."""
+        if lease.holds(skey):
+            return None  # this process encodes it: its encoder cache serves the others
+        try:
+            if not lease.acquire(skey):
+                return self.waits.watch(skey, rows)
+        except Exception as exc:
+            self._tier_error(lease.tier.name, exc)
+            return None
+        self.metrics.add("lease_acquired")
+        tensor = self._read(skey, rows)  # stored and released since the read above?
+        if tensor is not None:
+            self._release(skey)
+        return tensor
+
+    def _poll_wait(self, skey: str, rows: int) -> tuple[bool, torch.Tensor | None]:
+        """One poll of a wait (``LeaseWaits``): ended once the holder's lease is gone, with
+        the stored value, or with None once this process took the lease over."""
+        lease = self.lease
+        if lease is None or self._closed:
+            return True, None
+        try:
+            if lease.alive(skey):
+                return False, None
+            tensor = self._read(skey, rows)
+            if tensor is not None:
+                return True, tensor
+            return lease.holds(skey) or lease.acquire(skey), None
+        except Exception as exc:
+            self._tier_error(lease.tier.name, exc)
+            raise
+
+    def _release(self, skey: str) -> None:
+        if self.lease is not None:
+            try:
+                self.lease.release(skey)
+            except Exception as exc:
+                self._tier_error(self.lease.tier.name, exc)  # the lease expires instead
+
+    def _read(self, skey: str, rows: int) -> torch.Tensor | None:
         for tier in self.tiers:
             start = time.perf_counter()
             try:
@@ -176,13 +237,15 @@ class EncoderStore:
     # ---- writes (write-behind) -------------------------------------------------------
     def encoded(self, item_key: str, tensor: torch.Tensor) -> None:
         """An embedding the encoder just computed: written in the background to the tiers
-        not known to hold it (none: nothing is queued)."""
+        not known to hold it, then its encode lease released (if this process holds it)."""
         skey = self.keyer.key(item_key)
         with self._pending_lock:
             if skey in self._pending:
                 return  # its write is queued already (a re-encode racing its own write)
             tiers = [tier for tier in self.tiers if not self._holds(tier, skey)]
             if not tiers:
+                if self.lease is not None and self.lease.holds(skey):
+                    self.writer.submit(lambda: self._release(skey))
                 return
             self._pending.add(skey)
         if not self.writer.submit(lambda: self._write(skey, tensor, tiers)):
@@ -210,6 +273,7 @@ class EncoderStore:
                 self._put(tier, skey, blob)
             self.metrics.add("writes")
         finally:
+            self._release(skey)
             self._done(skey)
 
     def _put(self, tier: ByteTier, skey: str, blob: bytes) -> None:
@@ -231,6 +295,7 @@ class EncoderStore:
         self._closed = True
         atexit.unregister(self.writer.flush)  # else every closed store lives until exit
         self.writer.close()
+        self.waits.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for tier in self.tiers:
             if isinstance(tier, RedisTier):

@@ -265,6 +265,7 @@ def store_app(cluster: str, module_redis_server) -> Iterator[str]:
         **SETTINGS,
         "encoder_store_redis": module_redis_server.url,
         "encoder_store_secret": "ray-test-secret-0123456789",
+        "encoder_store_lease_ms": 10_000,  # generous: a loaded test machine keeps its holder
     }
     app = build_app(namespace_from_config(settings))
     serve.run(app, name="mmserve-store", route_prefix="/")
@@ -317,6 +318,34 @@ def test_shared_store_a_restarted_replica_loads_instead_of_encoding(store_app: s
     encoded = sum(r["encoder_images_encoded"] for r in after["replicas"].values())
     assert encoded == first["replicas"][survivor]["encoder_images_encoded"]
     assert sum(r["encoder_store_loads"] for r in after["replicas"].values()) > 0
+
+
+def test_a_burst_for_one_new_image_encodes_once_across_replicas(
+    store_app: str, single: RunningServer
+) -> None:
+    """Issue 31: the replicas' concurrent misses elect one encoder through the store's lease;
+    the other replica waits for the stored result and loads it."""
+    messages = [user_turn([66], "Describe it.")]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 48, "temperature": 0}
+    body["ignore_eos"] = True
+
+    async def burst() -> list[str]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            calls = [client.post(f"{store_app}/v1/chat/completions", json=body) for _ in range(8)]
+            replies = await asyncio.gather(*calls)
+        assert [r.status_code for r in replies] == [200] * 8, [r.text for r in replies]
+        return [r.json()["choices"][0]["message"]["content"] for r in replies]
+
+    before = cluster_stats(store_app)
+    answers = asyncio.run(burst())
+    after = cluster_stats(store_app)  # every reply is in: so is every encode
+    spills = after["routing"]["decisions"].get("spill", 0)
+    assert spills > before["routing"]["decisions"].get("spill", 0), after["routing"]  # both
+    total, first = after["total"], before["total"]
+    assert total["encoder_images_encoded"] - first["encoder_images_encoded"] == 1, total
+    assert total["encoder_store_lease_waits"] > first.get("encoder_store_lease_waits", 0)
+    reference = chat(single.url, messages, max_tokens=48, ignore_eos=True)
+    assert answers == [reference["choices"][0]["message"]["content"]] * 8
 
 
 def test_flags_reach_the_deployments_unchanged() -> None:

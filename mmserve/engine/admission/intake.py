@@ -92,15 +92,16 @@ class RequestIntake:
 
     @staticmethod
     def _take_store_hits(processed: ProcessedPrompt) -> list[MultiModalItem]:
-        """The prompt's items with the lookups resolved by now attached (loads); one still
-        pending is a miss (encoded). ``processed`` keeps no tensor: a caller may hold it for
-        as long as the request runs (``LLM.generate`` does), the request drops them sooner."""
+        """The prompt's items with the lookups resolved by now attached: hits (loads) and
+        waits for another replica's encode (``awaited``); one still pending is a miss
+        (encoded). ``processed`` keeps no tensor: a caller may hold it for as long as the
+        request runs (``LLM.generate`` does), the request drops them sooner."""
         lookup, processed.store_lookup = processed.store_lookup, None
-        hits = {} if lookup is None else lookup.hits()
-        if not hits:
+        hits, waits = ({}, {}) if lookup is None else lookup.results()
+        if not hits and not waits:
             return processed.mm_items
         return [
-            dataclasses.replace(item, stored=hits[item.key]) if item.key in hits else item
+            dataclasses.replace(item, stored=hits.get(item.key), awaited=waits.get(item.key))
             for item in processed.mm_items
         ]
 

@@ -39,6 +39,7 @@ from mmserve.store import EncoderStore, open_encoder_store
 from mmserve.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+STORE_WAIT_IDLE_S = 0.01  # the longest an idle step sleeps for another replica's encode
 
 
 class LLMEngine:
@@ -213,18 +214,25 @@ class LLMEngine:
         return merged
 
     def _schedule_and_execute(self) -> StepResult:
+        """One isolating step; when nothing ran because every request able to run is held
+        at an item another replica is encoding, sleep until a store wait ends (briefly: no
+        busy loop, and the async engine's next commands are applied soon)."""
         if self.dead is not None:
             raise EngineDeadError(f"the engine is dead: {self.dead}")
         try:
-            return self.stepper.step()
+            result = self.stepper.step()
         except EngineDeadError as exc:
             self.dead = exc
             self.abort_request(list(self.scheduler.requests))
             raise
+        if not result.ran and self.scheduler.held_for_store and self.store is not None:
+            self.store.waits.wait_for_change(STORE_WAIT_IDLE_S)
+        return result
 
     def _fail_if_stalled(self, result: StepResult, num_finished: int) -> list[RequestOutput]:
         """The one stall policy (``ProgressMonitor``): fail the request first in line."""
-        if not self.progress.record(result.ran, num_finished, len(self.scheduler.requests)):
+        held = self.scheduler.held_for_store > 0  # waiting on the store: bounded in time
+        if not self.progress.record(result.ran, num_finished, len(self.scheduler.requests), held):
             return []
         stuck = self.scheduler.head()
         if stuck is None:

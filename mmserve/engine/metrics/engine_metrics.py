@@ -45,6 +45,10 @@ _STORE_HELP = {
     "mac_failures": "Encoder store entries whose MAC did not verify (deleted, re-encoded).",
     "corrupt_entries": "Encoder store entries that failed verification (deleted, re-encoded).",
     "late_lookups": "Encoder store lookups still pending at their deadline (encoded instead).",
+    "lease_acquired": "Items this replica missed everywhere and took the encode lease for.",
+    "lease_waits": "Items another replica held the encode lease for: waited for, not encoded.",
+    "lease_loaded": "Waits for another replica's encode that ended with its stored result.",
+    "lease_takeovers": "Waits that ended without a stored result: encoded here instead.",
 }
 STORE_METRICS: tuple[EngineMetric, ...] = tuple(
     EngineMetric(f"encoder_store_{tier}_{field}", "counter", text.format(tier),
