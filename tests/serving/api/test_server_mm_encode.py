@@ -43,8 +43,9 @@ def error_of(resp: httpx.Response, status: int) -> dict:
 def served(request, serve_model, bait) -> Iterator[tuple[str, RunningServer, httpx.Client]]:
     flags = ["--limit-mm-per-prompt", '{"image": 2}', "--encoder-cache-size", "600"]
     flags.append("--skip-server-warmup")  # nothing here measures time
-    with serve_model(request.param, *flags) as srv, httpx.Client(base_url=srv.url, timeout=300) as c:
-        yield request.param, srv, c
+    with serve_model(request.param, *flags) as srv:
+        with httpx.Client(base_url=srv.url, timeout=300) as client:
+            yield request.param, srv, client
 
 
 def test_encode_then_chat_by_handle(served):
