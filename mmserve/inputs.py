@@ -21,7 +21,10 @@ class MultiModalItem:
     """One image, or one temporal frame group of a video (``video`` set), of a prompt: its
     content hash and placeholder range [offset, offset+length). A video's groups are
     consecutive items with contiguous ranges; each is encoded and cached on its own. An image
-    split into pan-and-scan crops is one item per crop (``crop``: its index, from 0)."""
+    split into pan-and-scan crops is one item per crop (``crop``: its index, from 0). An item
+    named by a media handle (``by_handle``) has no pixels: its ``data`` is the processor output
+    without its large arrays, and it is never encoded, only found in the encoder cache or
+    loaded from ``stored``, which it holds for the request's whole life."""
 
     hash: str
     offset: int
@@ -34,6 +37,7 @@ class MultiModalItem:
     # a future of the embedding another replica holds the store's encode lease for (the
     # tensor, or None: encode here); the item is not scheduled before it resolves
     awaited: Any = field(default=None, compare=False, repr=False)
+    by_handle: bool = False
 
     @property
     def modality(self) -> str:

@@ -24,7 +24,8 @@ class EncoderPlan:
     the per-step encoder compute budget. ``stored`` is dropped once a step that ran reached the
     item (``drop_reached_stored``), so an entry evicted and needed again by the same request
     (preemption, a later occurrence of the image) is an encode, which the engine's admission
-    checks guarantee fits the per-step budget.
+    checks guarantee fits the per-step budget; an item named by a media handle keeps it, so
+    it is loaded again instead.
 
     ``blocked_on_space`` says the chunk was cut because the cache had no room (not because of
     the per-step compute budget): the scheduler then lets no later request of the step take
@@ -238,7 +239,9 @@ def drop_reached_stored(request: Request) -> None:
     in this step or in a prefix hit) stop holding the encoder store's host tensor, and so do
     the other occurrences of the same images. Their embeddings are in the encoder cache now
     (or in the KV cache); holding the host copy for the rest of the request doubled host
-    memory. Cheap once the request holds none: ``Request.may_hold_stored`` is cleared."""
+    memory. Items named by a media handle keep theirs (``MultiModalItem.by_handle``: without
+    pixels, an eviction is answered by loading it again). Cheap once the request holds none
+    to drop: ``Request.may_hold_stored`` is cleared."""
     if not request.may_hold_stored:
         return
     computed = request.num_computed_tokens
@@ -249,7 +252,7 @@ def drop_reached_stored(request: Request) -> None:
         reached.add(item.key)
     holds = False
     for idx, item in enumerate(request.mm_items):
-        if item.stored is None:
+        if item.stored is None or item.by_handle:  # a handle's item can only ever be loaded
             continue
         if item.key in reached:
             request.mm_items[idx] = dataclasses.replace(item, stored=None)

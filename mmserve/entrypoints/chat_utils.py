@@ -16,6 +16,7 @@ from typing import Any
 
 from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.inputs import PromptInput
+from mmserve.multimodal.handles import MediaHandle, as_handle, is_handle
 
 # apply_chat_template's own parameters: a chat_template_kwargs entry may not replace them
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -69,8 +70,12 @@ def _part_source(part: dict[str, Any], kind: str, where: str) -> Any:
     source = part.get(kind)
     if isinstance(source, dict):
         source = source.get("url")
+    if source is None and kind in ("image_url", "image") and part.get("uuid") is not None:
+        return MediaHandle(uuid=part["uuid"])  # vLLM: a uuid without data names a sent image
     if source is None:
         raise ValueError(f"{where} has no {kind.removesuffix('_url')}")
+    if is_handle(source):
+        return as_handle(source)
     return source
 
 
@@ -81,7 +86,9 @@ def parse_chat_messages(
     in prompt order.
 
     Accepted parts: {"type": "text", "text"}, {"type": "image_url", "image_url": {"url"} | url,
-    "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?}, {"type":
+    "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?} (a url
+    ``mmserve://<handle>``, or a uuid without data, names an image encoded before: a
+    ``MediaHandle``), {"type":
     "video_url", "video_url": {"url"} | url}, {"type": "video", "video": path | bytes |
     frames}; the template sees {"type": "image"} / {"type": "video"}. String content stays a
     string; ``name`` is passed to the template.
@@ -108,8 +115,9 @@ def parse_chat_messages(
             if kind == "text":
                 parts.append({"type": "text", "text": str(part.get("text", ""))})
             elif kind in ("image_url", "image"):
-                images.append(_part_source(part, kind, f"messages[{i}].content[{j}]"))
-                uuids.append(part.get("uuid"))
+                source = _part_source(part, kind, f"messages[{i}].content[{j}]")
+                images.append(source)
+                uuids.append(None if isinstance(source, MediaHandle) else part.get("uuid"))
                 parts.append({"type": "image"})
             elif kind in ("video_url", "video"):
                 if part.get("uuid") is not None:

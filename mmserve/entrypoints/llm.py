@@ -1,4 +1,4 @@
-"""Offline API: ``LLM.generate`` / ``LLM.chat``."""
+"""Offline API: ``LLM.generate`` / ``LLM.chat`` / ``LLM.encode``."""
 
 from __future__ import annotations
 
@@ -57,12 +57,13 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestOutput]:
         """One conversation or a list of them, rendered with the engine's chat template (or
         ``chat_template``, the template text); the other options are vLLM's (``ChatOptions``;
         ``tools``: OpenAI function definitions for the template; ``mm_processor_kwargs``: image
-        processor settings for these conversations' images). ``max_tokens`` unset: the room
-        left in the context."""
+        processor settings for these conversations' images; ``cache_salt``: the tenant, as
+        the server's field). ``max_tokens`` unset: the room left in the context."""
         conversations = cast(
             list[list[dict[str, Any]]],
             messages if messages and isinstance(messages[0], list) else [messages],
@@ -76,12 +77,25 @@ class LLM:
         )
         tokenizer = self.engine.tokenizer
         inputs = [
-            chat_to_prompt(tokenizer, conversation, None, template, options)
+            chat_to_prompt(tokenizer, conversation, cache_salt, template, options)
             for conversation in conversations
         ]
         for inp in inputs:
             inp.mm_processor_kwargs = mm_processor_kwargs
         return self._run(inputs, sampling_params, use_tqdm)
+
+    def encode(
+        self, content: list[dict[str, Any]], cache_salt: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Encode images ahead of the prompts that will use them (as ``POST /v1/mm/encode``):
+        ``content`` is a user message's content parts (``image_url`` / ``image``, with an
+        optional ``uuid``); returns ``{"type": "image", "handle", "tokens"}`` per image. A later
+        prompt of the same ``cache_salt`` names one by ``mmserve://<handle>`` (an image URL, or
+        an item of a prompt dict's "images") or by its ``uuid`` without data."""
+        messages = [{"role": "user", "content": content}]
+        template = self.engine.chat_template
+        prompt = chat_to_prompt(self.engine.tokenizer, messages, cache_salt, template)
+        return [record.item for record in self.engine.encode(prompt)]
 
     def _run(
         self,

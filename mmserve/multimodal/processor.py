@@ -12,6 +12,7 @@ from PIL import Image
 
 from mmserve.config import ModelConfig
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
+from mmserve.multimodal.handles import MediaHandleError, is_handle
 from mmserve.multimodal.hashing import hash_uuid, multi_image_hash, salted
 from mmserve.multimodal.image.decode import checked_image
 from mmserve.multimodal.image.idefics3 import TiledImageExpander
@@ -183,6 +184,12 @@ class InputProcessor:
         """One of a prompt's ``num_images`` images, prepared for that count (a
         ``PreparedImage`` of the other mode is a ValueError: its data would not fit)."""
         multi_image = self.preparer.multi_image(num_images)
+        if is_handle(image):  # the engine's intake resolves them; the Ray ingress cannot
+            raise MediaHandleError(
+                "media handles and image uuids without data are resolved by the engine's own"
+                " admission; send the image itself here",
+                "media_handle_unsupported",
+            )
         if not isinstance(image, PreparedImage):
             return self.prepare_image(image, cache_salt, mm_kwargs, multi_image)
         if image.multi_image != multi_image:
@@ -227,15 +234,22 @@ class InputProcessor:
         and token count (and the image processor's kwargs); either marked with the
         multi-image mode where the image was prepared in it and scoped by the tenant's
         ``cache_salt``."""
-        mm_hash = prepared.mm_hash
-        if uuid is not None:
-            mc = self.model_config
-            kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
-            kwargs = without_sampling(kwargs)
-            mm_hash = hash_uuid(uuid, mc.model, kwargs, prepared.length, prepared.size)
+        mm_hash = self.base_hash(prepared, uuid, merged_kwargs)
         if prepared.multi_image:
             mm_hash = multi_image_hash(mm_hash)
         return salted(mm_hash, cache_salt)
+
+    def base_hash(
+        self, prepared: PreparedImage, uuid: str | None, merged_kwargs: dict[str, Any] | None
+    ) -> str:
+        """The hash ``item_key`` marks and salts: the content hash, or the caller's uuid bound
+        to the image's size and token count (and the image processor's kwargs)."""
+        if uuid is None:
+            return prepared.mm_hash
+        mc = self.model_config
+        kwargs = mc.processor_kwargs if merged_kwargs is None else merged_kwargs
+        kwargs = without_sampling(kwargs)
+        return hash_uuid(uuid, mc.model, kwargs, prepared.length, prepared.size)
 
     def prepare_image(
         self,

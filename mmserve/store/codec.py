@@ -44,6 +44,20 @@ class StoreCodec:
         hasher.update(body)
         return hasher.digest()
 
+    def seal(self, key: str, body: bytes, magic: bytes) -> bytes:
+        """Any other value (``records``): ``magic + MAC + body`` under the same MAC key."""
+        return magic + self._mac(key, body) + body
+
+    def unseal(self, key: str, blob: bytes, magic: bytes) -> bytes:
+        """The body of a ``seal``ed value; ``CorruptEntry`` unless it verifies."""
+        head = len(magic) + MAC_BYTES
+        if len(blob) < head or not blob.startswith(magic):
+            raise CorruptEntry("bad header or truncated")
+        body = blob[head:]
+        if not hmac.compare_digest(blob[len(magic) : head], self._mac(key, body)):
+            raise CorruptEntry("MAC mismatch", mac=True)
+        return body
+
     def encode(self, key: str, tensor: torch.Tensor) -> bytes:
         host = tensor.detach().to("cpu", self.dtype).contiguous().clone()
         body = st_save({"embedding": host}, metadata={"key": key})

@@ -101,6 +101,11 @@ class EncoderRunner:
         todo: dict[str, MultiModalItem] = {}
         for item in items:
             if item.key not in self.embeddings:
+                if item.by_handle:  # no pixels: only the scheduler losing it gets here
+                    raise RuntimeError(
+                        f"the embedding of media handle item {item.key} is missing and it has"
+                        " no pixels to encode"
+                    )
                 todo.setdefault(item.key, item)
         if not todo:
             return

@@ -6,19 +6,24 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from mmserve.config import EngineConfig
 from mmserve.core.scheduler import Scheduler
 from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.handles import HandleBook
 from mmserve.engine.admission.prompt_limits import checked_prompt
 from mmserve.engine.output.fanout import FanOut, child_params
 from mmserve.engine.output.output_processor import OutputProcessor
 from mmserve.engine.setup.generation_defaults import default_max_tokens
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
+from mmserve.multimodal.handles import HandleRecord, is_handle
+from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams
-from mmserve.store import EncoderStore
+from mmserve.store import EncoderStore, StoreLookup
+from mmserve.store.metrics import StoreMetrics
 
 
 class RequestIntake:
@@ -38,8 +43,10 @@ class RequestIntake:
         fanout: FanOut,
         grammar: GrammarCompiler,
         vocab_size: int,
+        handles: HandleBook,
     ) -> None:
         self.config = config
+        self.handles = handles
         self.front = front
         self.store = store
         self.scheduler = scheduler
@@ -60,6 +67,7 @@ class RequestIntake:
         ``add_processed``, the prefix-cache block hashes) to one tenant;
         ``prompt.mm_processor_kwargs`` override the engine's processor settings for its images
         and videos (part of their keys)."""
+        prompt, handles = self.handles.resolve(prompt)  # media handles: their records' images
         processed = checked_prompt(
             self.front.processor.process,
             prompt,
@@ -67,15 +75,50 @@ class RequestIntake:
             self.scheduler.encoder_cache.capacity,
             self.scheduler.encoder_compute_budget,  # the one budget: what each step may encode
         )
-        self.start_store_lookup(processed)
+        self.start_store_lookup(processed, self.handles.embeddings(processed, handles))
         return processed
 
-    def start_store_lookup(self, processed: ProcessedPrompt) -> None:
-        """Ask the encoder store for the prompt's items (their keys final, salted); a lookup
-        left ``None`` means no store, no items, or every item in this engine's cache."""
+    def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
+        """An encode-ahead prompt (its images only: no handles, no videos) prepared and
+        ``process``ed as any prompt is, with the records its handles will name (registered by
+        ``LLMEngine`` once the embeddings exist). Thread-safe and blocking, as ``process``."""
+        processor = self.front.processor
+        if not prompt.images or prompt.videos or any(map(is_handle, prompt.images)):
+            raise ValueError(
+                "encode takes one or more images (image_url parts with a URL, a data URL or"
+                " a file), no media handles, uuids without data or videos"
+            )
+        processor.check_num_images(len(prompt.images))  # before decoding any
+        multi_image = processor.preparer.multi_image(len(prompt.images))
+        salt, kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
+        images = [
+            image
+            if isinstance(image, PreparedImage)
+            else processor.prepare_image(image, salt, kwargs, multi_image)
+            for image in prompt.images
+        ]
+        ready = dataclasses.replace(prompt, images=images)
+        processed = self.process(ready)
+        return processed, [self.handles.record(ready, i) for i in range(len(images))]
+
+    def start_store_lookup(
+        self, processed: ProcessedPrompt, found: dict[str, Future] | None = None
+    ) -> None:
+        """Ask the encoder store for the prompt's items (their keys final, salted) but those
+        ``found`` already (media handles' embeddings, added as resolved lookups); a lookup left
+        ``None`` means no store, no items, or every item in this engine's cache."""
+        found = found or {}
         if self.store is not None and processed.mm_items:
             cached = self.scheduler.encoder_cache.contains  # a hint: read-only dict lookup
-            processed.store_lookup = self.store.lookup(processed.mm_items, cached)
+            skip = (lambda key: key in found or cached(key)) if found else cached
+            processed.store_lookup = self.store.lookup(processed.mm_items, skip)
+        if found:
+            lookup = processed.store_lookup
+            if lookup is None:
+                metrics = self.store.metrics if self.store is not None else StoreMetrics()
+                processed.store_lookup = StoreLookup(found, metrics)
+            else:
+                lookup.futures.update(found)
 
     @property
     def store_timeout_s(self) -> float:
@@ -91,7 +134,7 @@ class RequestIntake:
                 processed.store_lookup.wait(max(0.0, deadline - time.monotonic()))
 
     @staticmethod
-    def _take_store_hits(processed: ProcessedPrompt) -> list[MultiModalItem]:
+    def take_store_hits(processed: ProcessedPrompt) -> list[MultiModalItem]:
         """The prompt's items with the lookups resolved by now attached: hits (loads) and
         waits for another replica's encode (``awaited``); one still pending is a miss
         (encoded). ``processed`` keeps no tensor: a caller may hold it for as long as the
@@ -133,7 +176,7 @@ class RequestIntake:
             params = dataclasses.replace(params, max_tokens=room)
         if req_id in self.fanout.parents or (params.n > 1 and req_id in self.scheduler.requests):
             raise ValueError(f"request id {req_id!r} is already in use")
-        items = self._take_store_hits(processed)
+        items = self.take_store_hits(processed)
         if params.n == 1:
             self._add_request(req_id, processed, items, params, prompt_text, cache_salt)
         else:

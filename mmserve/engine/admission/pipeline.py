@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
-from mmserve.multimodal.image.memo import PreparedImage
+from mmserve.multimodal.handles import is_handle
 from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media.policy import MediaKind
 from mmserve.multimodal.processor import InputProcessor, memo_key
@@ -168,6 +168,14 @@ class AdmissionPipeline:
     async def admit(self, prompt: PromptInput) -> ProcessedPrompt:
         """``prompt`` with its image and video sources fetched, decoded and preprocessed off
         the loop (``mm_processor_kwargs`` checked before any fetch), then processed."""
+        ready = await self.prepare(prompt)
+        processed = await self.executors.text(self._admission().process, ready)
+        await self.wait_for_store(processed)
+        return processed
+
+    async def prepare(self, prompt: PromptInput) -> PromptInput:
+        """``prompt`` with its image and video sources fetched, decoded and preprocessed
+        (media handles are left for ``Admission.process`` to resolve)."""
         images, videos = prompt.images, prompt.videos
         cache_salt, mm_kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
         processor = self.processor
@@ -184,12 +192,9 @@ class AdmissionPipeline:
             *(self.prepare_image(src, cache_salt, mm_kwargs, multi_image) for src in image_sources),
             *(self.prepare_video(src, cache_salt, mm_kwargs) for src in video_sources),
         )
-        ready = dataclasses.replace(
+        return dataclasses.replace(
             prompt, images=prepared[: len(images)], videos=prepared[len(images) :]
         )
-        processed = await self.executors.text(self._admission().process, ready)
-        await self.wait_for_store(processed)
-        return processed
 
     async def wait_for_store(self, processed: ProcessedPrompt) -> None:
         """Await the prompt's encoder store lookup, if any, up to the store deadline (hits are
@@ -203,11 +208,14 @@ class AdmissionPipeline:
         cache_salt: str | None,
         mm_kwargs: dict[str, Any] | None = None,
         multi_image: bool = False,
-    ) -> PreparedImage:
+    ) -> Any:
         """In a media worker process with the engine's processor settings; in the media
         threads for sources the workers do not take or per-request image settings.
-        ``multi_image``: the prompt's images take the multi-image mode (``InputProcessor``)."""
+        ``multi_image``: the prompt's images take the multi-image mode (``InputProcessor``).
+        A media handle comes back as it is."""
         processor = self.processor
+        if is_handle(source):
+            return source  # resolved by ``Admission.process`` (the engine's ``HandleBook``)
         own_settings = processor.image_kwargs(mm_kwargs) is not None
         if self.media_workers is None or not isinstance(source, (bytes, str)) or own_settings:
             return await self.executors.media(

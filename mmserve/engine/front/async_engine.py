@@ -28,6 +28,7 @@ Threading contract (the LLMEngine is not thread-safe):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -43,14 +44,20 @@ from mmserve.engine.errors import (
     EngineStepError,
 )
 from mmserve.engine.front.command_inbox import Command, CommandInbox
-from mmserve.engine.front.output_stream import AbortCommand, AddCommand, OutputStream
+from mmserve.engine.front.output_stream import (
+    AbortCommand,
+    AddCommand,
+    EncodeCommand,
+    OutputStream,
+)
 from mmserve.engine.front.request_lifecycle import RequestLifecycle
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.engine.loop.warmup import warmup_image_bytes
 from mmserve.engine.metrics.prometheus import ServerMetrics
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.setup.chat_template import ChatTemplate
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
+from mmserve.multimodal.handles import HandleRecord
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
@@ -244,6 +251,22 @@ class AsyncLLMEngine(RequestLifecycle):
             if not finished:
                 self._submit(AbortCommand(request_id, stream))
 
+    async def encode(self, prompt: PromptInput) -> list[HandleRecord]:
+        """Encode-ahead (``POST /v1/mm/encode``): the prompt's images fetched and prepared off
+        the loop as any prompt's are, admitted (``RequestIntake.admit_encode``: every limit of
+        a prompt), encoded on the engine thread between two steps, then their handles
+        registered. No LM work, no request in the scheduler."""
+        self._check_admissible()
+        ready = await self.admission.prepare(prompt)
+        intake = self.engine.intake
+        processed, records = await self.run_text(intake.admit_encode, ready)
+        await self.admission.wait_for_store(processed)
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._submit(EncodeCommand(processed, done))
+        await asyncio.wrap_future(done)
+        self.engine.handles.register(records, ready)
+        return records
+
     def _submit(self, command: Command) -> None:
         self._inbox.submit(command, accepting=self._dead is None)
 
@@ -276,10 +299,15 @@ class AsyncLLMEngine(RequestLifecycle):
             for command in leftover:
                 if isinstance(command, AddCommand):
                     command.stream.put_threadsafe(stopped)
+                elif isinstance(command, EncodeCommand) and not command.done.done():
+                    command.done.set_exception(stopped)
             self._fail_all(stopped)
             self._publish_snapshot()
 
     def _apply(self, command: Command) -> None:
+        if isinstance(command, EncodeCommand):
+            self._encode(command)
+            return
         if isinstance(command, AbortCommand):
             owner = self._active.get(command.request_id)
             if owner is not None and command.stream in (None, owner):
@@ -297,6 +325,15 @@ class AsyncLLMEngine(RequestLifecycle):
             command.stream.put_threadsafe(EngineStepError(f"could not add the request: {exc}"))
         else:
             self._active[command.request_id] = command.stream
+
+    def _encode(self, command: EncodeCommand) -> None:
+        if not command.done.set_running_or_notify_cancel():
+            return  # the client went away before its turn
+        try:
+            command.done.set_result(self.engine.encode_processed(command.processed))
+        except Exception as exc:
+            logger.exception("encoding ahead failed")
+            command.done.set_exception(EngineStepError(f"the encoder failed: {exc}"))
 
     def _step(self) -> list[RequestOutput]:
         try:

@@ -1,4 +1,5 @@
-"""The engine thread's inbox: adds and aborts from the event loop, drained once per loop."""
+"""The engine thread's inbox: adds, aborts and encodes from the event loop, drained once per
+loop."""
 
 from __future__ import annotations
 
@@ -7,18 +8,18 @@ from collections import deque
 from collections.abc import Callable
 
 from mmserve.engine.errors import EngineShutdownError
-from mmserve.engine.front.output_stream import AbortCommand, AddCommand
+from mmserve.engine.front.output_stream import AbortCommand, AddCommand, EncodeCommand
 
-Command = AddCommand | AbortCommand
+Command = AddCommand | AbortCommand | EncodeCommand
 
 
 class CommandInbox:
     """Commands queued by any thread for the one engine thread, under a condition it sleeps on.
 
-    Invariants: once stopped, the inbox stays stopped and queues nothing more (an add is
-    refused with ``EngineShutdownError``, an abort dropped: the loop aborts everything on its
-    way out); each queued command is taken exactly once, by ``wait_for_work`` or by
-    ``stop_and_take_rest``.
+    Invariants: once stopped, the inbox stays stopped and queues nothing more (an add or an
+    encode is refused with ``EngineShutdownError``, an abort dropped: the loop aborts
+    everything on its way out); each queued command is taken exactly once, by
+    ``wait_for_work`` or by ``stop_and_take_rest``.
     """
 
     def __init__(self) -> None:
@@ -35,7 +36,7 @@ class CommandInbox:
         stopped inbox would (the caller knows the engine is dead)."""
         with self._cv:
             if self._stopping or not accepting:
-                if isinstance(command, AddCommand):
+                if not isinstance(command, AbortCommand):
                     raise EngineShutdownError("the engine is shutting down")
                 return
             self._commands.append(command)

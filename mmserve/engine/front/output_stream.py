@@ -1,9 +1,10 @@
 """What crosses between the event loop and the engine thread: a request's output stream, and
-the add / abort commands the thread drains from its inbox."""
+the add / abort / encode commands the thread drains from its inbox."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from dataclasses import dataclass
 
 from mmserve.engine.outputs import RequestOutput
@@ -62,3 +63,13 @@ class AbortCommand:
 
     request_id: str
     stream: OutputStream | None = None  # only abort if this stream still owns the request id
+
+
+@dataclass
+class EncodeCommand:
+    """Engine thread: encode this processed encode-only prompt's images between two steps
+    (``LLMEngine.encode_processed``); ``done`` gets the number encoded or the error (a
+    cancelled ``done`` is skipped)."""
+
+    processed: ProcessedPrompt
+    done: concurrent.futures.Future[int]

@@ -11,8 +11,10 @@ import torch
 from mmserve.config import EngineConfig
 from mmserve.core.progress import ProgressMonitor
 from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.handles import HandleBook
 from mmserve.engine.admission.intake import RequestIntake
 from mmserve.engine.errors import EngineDeadError
+from mmserve.engine.loop.encode_ahead import encode_ahead
 from mmserve.engine.loop.stall import default_stall_steps, stall_message
 from mmserve.engine.loop.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine.loop.warmup import WarmupReport, run_warmup_request
@@ -30,8 +32,9 @@ from mmserve.engine.setup.loading import (
 from mmserve.engine.setup.malloc_tuning import tune_malloc
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
-from mmserve.inputs import PromptInput
+from mmserve.inputs import ProcessedPrompt, PromptInput
 from mmserve.layers.attention import select_attention_backend
+from mmserve.multimodal.handles import HandleRecord
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.request import RequestStatus
 from mmserve.sampling_params import SamplingParams
@@ -90,6 +93,10 @@ class LLMEngine:
                 config.encoder_store, mc.path, mc.dtype, torch_dtype(mc.dtype)
             )
         self.dead: BaseException | None = None
+        store_timeout_s = 0.0 if config.encoder_store is None else config.encoder_store.timeout_ms
+        self.handles = HandleBook(
+            self.processor, self.store, self._host_embedding, store_timeout_s / 1000
+        )
         self._assemble_loop(self.store)
 
     def _assemble_loop(self, store: EncoderStore | None) -> None:
@@ -119,6 +126,7 @@ class LLMEngine:
             self.fanout,
             self.grammar,
             self.vocab_size,
+            self.handles,
         )
 
     def warm_up(self) -> WarmupReport:
@@ -189,6 +197,30 @@ class LLMEngine:
         self.intake.wait_for_store([processed])
         text = prompt.prompt if isinstance(prompt.prompt, str) else None
         return self.intake.add_processed(processed, params, request_id, text, prompt.cache_salt)
+
+    # ---- encode-ahead: media handles (``HandleBook``) ---------------------------------------
+    def encode(self, prompt: PromptInput) -> list[HandleRecord]:
+        """Admit an encode-only prompt (its images), encode what no cache or store tier holds
+        and register their handles (blocking: the offline path; the server runs the parts on
+        its threads, ``AsyncLLMEngine.encode``)."""
+        processed, records = self.intake.admit_encode(prompt)
+        self.intake.wait_for_store([processed])
+        self.encode_processed(processed)
+        self.handles.register(records, prompt)
+        return records
+
+    def encode_processed(self, processed: ProcessedPrompt) -> int:
+        """The engine thread's part of an encode: ``encode_ahead``; returns the images encoded."""
+        items = self.intake.take_store_hits(processed)
+        return encode_ahead(self.scheduler, self.runner, items)
+
+    def _host_embedding(self, item_key: str) -> torch.Tensor | None:
+        """The encoder cache's embedding of ``item_key`` on the host, if it holds one (read from
+        admission threads: a dict lookup, then a copy the cache's evictions cannot touch)."""
+        emb = self.runner.encoder.embeddings.get(item_key)
+        if emb is None or emb.device.type == "cpu":
+            return emb
+        return emb.to("cpu")
 
     def abort_request(self, req_ids: list[str]) -> None:
         """Abort requests by id; the id of an ``n > 1`` request aborts all its children."""

@@ -1,4 +1,5 @@
-"""The FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
+"""The FastAPI app: /v1/chat/completions, /v1/completions, /v1/mm/encode, /v1/models, /tokenize,
+/detokenize,
 /health, /ping (GET and POST, like vLLM's and SageMaker's), /version, /metrics, and with
 ``ui`` the playground page at ``/`` (``routes.ui``).
 
@@ -43,6 +44,7 @@ from mmserve.entrypoints.openai.http.middleware import (
     HTTPMetricsMiddleware,
 )
 from mmserve.entrypoints.openai.http.policy import HTTPPolicy
+from mmserve.entrypoints.openai.routes.encode import EncodeHandler, add_encode_route
 from mmserve.entrypoints.openai.routes.tokenize import TokenizeHandler, add_tokenize_routes
 from mmserve.entrypoints.openai.routes.ui import add_ui_routes, ui_files, ui_paths
 from mmserve.version import package_version
@@ -168,5 +170,6 @@ def build_app(
             return error_response(to_api_error(exc))
 
     app.include_router(v1)
+    add_encode_route(app, EncodeHandler(engine, serving), body)
     add_tokenize_routes(app, TokenizeHandler(engine, serving), body)
     return app

@@ -72,7 +72,7 @@ def startup_summary(engine: LLMEngine, args: argparse.Namespace) -> str:
         f"encoder: up to {mc.max_tokens_per_image} embeddings per image, per-step budget"
         f" {engine.encoder_budget} embeddings, cache {engine.scheduler.encoder_cache.capacity}"
         f" embeddings, {engine.config.scheduler.max_images_per_prompt} images per prompt\n"
-        f"serving on {url} (/v1/chat/completions, /v1/completions,"
+        f"serving on {url} (/v1/chat/completions, /v1/completions, /v1/mm/encode,"
         " /v1/models, /tokenize, /detokenize, /health, /ping, /version, /metrics)"
         + ("; the playground page at /" if http_policy(args).ui else "")
     )

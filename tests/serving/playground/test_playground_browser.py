@@ -1,7 +1,9 @@
 """The playground page in a real browser: Debian's headless Chromium driven by Selenium against
-a real server on 127.0.0.1. Two turns about one image: the second reports the image cached;
-the cache panel fills in; with and without an API key; user text stays text; a video uploaded
-to a video model is encoded piece by piece, then cached.
+a real server on 127.0.0.1. An attached image is encoded while the person types (the chip reads
+"cached"), so two turns about it both report it cached and the chat encodes nothing; a handle
+the server lost is answered by resending the bytes; the cache panel fills in; with and without
+an API key; user text stays text; a video uploaded to a video model is encoded piece by piece,
+then cached.
 
 Skipped when Chromium or chromedriver is missing, unless ``MMSERVE_REQUIRE_BROWSER=1`` (CI
 sets it: there a missing browser is a failure). Screenshots go to ``$MMSERVE_TEST_ARTIFACTS``
@@ -146,14 +148,28 @@ def drop_or_paste(driver: webdriver.Chrome, path: Path, event: str) -> None:
     wait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#attachments .chip"))
 
 
-def test_two_turns_second_reports_the_image_cached(browser, open_server, image_file) -> None:
+def encoded(server: RunningServer) -> float:
+    return server.engine.get_metrics()["encoder_images_encoded"]
+
+
+def attach_and_wait_cached(driver: webdriver.Chrome, path: Path) -> None:
+    """Attach ``path`` and wait until its chip says it was encoded ahead."""
+    driver.find_element(By.ID, "file-input").send_keys(str(path))
+    chip = "#attachments .chip[data-state='cached']"
+    wait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, chip))
+    assert driver.find_element(By.CSS_SELECTOR, f"{chip} .state").text == "cached"
+
+
+def test_two_turns_about_an_image_encoded_ahead(browser, open_server, image_file) -> None:
     open_page(browser, open_server)
     assert not browser.find_element(By.ID, "key-field").is_displayed()
-    browser.find_element(By.ID, "file-input").send_keys(str(image_file))
-    wait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#attachments .chip"))
+    before = encoded(open_server)
+    attach_and_wait_cached(browser, image_file)
+    assert encoded(open_server) - before == 1  # while "typing"
     first = send(browser, "What is in this image?")
     assert not first["error"], first["text"]
-    assert first["sources"] == ["encoded"]
+    assert first["sources"] == ["encoder_cache"] and first["media"][0].startswith("image 1: cached")
+    assert encoded(open_server) - before == 1  # the turn sent the handle: nothing encoded
     # tokens/s needs a measurable span between the first token and the end (6 tokens here)
     assert {"prompt_tokens", "cached_tokens", "ttft"} <= set(first["stats"])
     assert first["stats"]["cached_tokens"] == "cached 0"
@@ -184,14 +200,29 @@ def test_with_an_api_key_pasted_and_dropped_images(browser, keyed_server, image_
     browser.find_element(By.ID, "max-tokens").clear()
     browser.find_element(By.ID, "max-tokens").send_keys("4")
     drop_or_paste(browser, image_file, "paste")
+    cached = "#attachments .chip[data-state='cached']"
+    wait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, cached))  # with the key
     first = send(browser, "Pasted.")
     assert not first["error"], first["text"]
-    assert first["sources"] == ["encoded"]
+    assert first["sources"] == ["encoder_cache"]
     drop_or_paste(browser, image_file, "drop")  # the same picture again, as a second image
     second = send(browser, "Dropped.")
     assert not second["error"], second["text"]
     assert second["sources"][0] in CACHED and second["sources"][1] in CACHED
     assert browser.save_screenshot(str(ARTIFACTS / "playground-api-key.png"))
+
+
+def test_a_lost_handle_is_answered_by_sending_the_bytes(browser, open_server, tmp_path) -> None:
+    path = tmp_path / "lost.png"
+    make_image(11, (90, 70)).save(path)
+    open_page(browser, open_server)
+    browser.find_element(By.ID, "new-chat").click()
+    attach_and_wait_cached(browser, path)
+    handles = open_server.engine.engine.handles
+    handles._local.clear()  # as if another replica had made it and the store had lost it
+    answered = send(browser, "Still there?")
+    assert not answered["error"], answered["text"]
+    assert answered["sources"] in (["encoder_cache"], ["encoded"])
 
 
 def test_user_text_is_rendered_as_text_never_html(browser, open_server) -> None:

@@ -39,7 +39,7 @@ class TextPart(BaseModel):
 
 class ImageURLPart(BaseModel):
     type: Literal["image_url"]
-    image_url: ImageURL | str
+    image_url: ImageURL | str | None = None  # None: ``uuid`` names an image sent before
     uuid: str | None = None  # stable id replacing the content hash as the encoder-cache key
 
 

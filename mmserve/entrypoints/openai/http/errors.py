@@ -1,6 +1,7 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` for every failure.
 
-Status mapping: ValueError / pydantic validation -> 400, ``MediaTooLargeError`` (an image or a
+Status mapping: ValueError / pydantic validation -> 400 (``MediaHandleError``: with its
+``code``), ``MediaTooLargeError`` (an image or a
 video over a limit) -> 413, bad or
 missing API key -> 401, unknown model -> 404, overload / shutdown -> 503, engine failure and
 anything unexpected -> 500 with a generic message (the traceback goes to the log only).
@@ -26,6 +27,7 @@ from mmserve.engine.errors import (
 )
 from mmserve.entrypoints.openai.http.json_guard import GuardBusy
 from mmserve.entrypoints.openai.http.limits import LimitExceeded
+from mmserve.multimodal.handles import MediaHandleError
 from mmserve.multimodal.media.limits import MediaTooLargeError, VideoTooLargeError
 
 
@@ -153,6 +155,8 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ValueError) and _is_too_large(exc):
         code = "video_too_large" if isinstance(exc, VideoTooLargeError) else "image_too_large"
         return APIError(413, str(exc), code=code)
+    if isinstance(exc, MediaHandleError):
+        return APIError(400, str(exc), param="messages", code=exc.code)
     if isinstance(exc, ValidationError):
         return validation_error(exc.errors(include_url=False))
     if isinstance(exc, ValueError):

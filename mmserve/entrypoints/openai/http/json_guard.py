@@ -82,6 +82,8 @@ def _check_counts(data: dict[str, Any], limits: RequestLimits) -> None:
     """The per-request counts, on the raw structure (wrong types are left to validation)."""
     ids = [data.get("model"), data.get("cache_salt")]
     messages = data.get("messages")
+    if messages is None and type(data.get("content")) is list:  # /v1/mm/encode: one message
+        messages = [{"content": data["content"]}]
     if type(messages) is list:
         limits.check("max_chat_messages", len(messages), "messages")
         parts = text = 0

@@ -14,6 +14,7 @@ from mmserve.entrypoints.openai.http.errors import APIError, error_response
 ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/mm/encode",
     "/v1/models",
     "/tokenize",
     "/detokenize",

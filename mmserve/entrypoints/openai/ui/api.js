@@ -1,23 +1,27 @@
-// The server's HTTP API as the page uses it: the OpenAI endpoints on this origin, the API key
+// The server's HTTP API as the page uses it: the OpenAI endpoints and /v1/mm/encode on this
+// origin, the API key
 // (held in this page's memory only: no storage another page of the origin could read), and
 // the chat stream parsed from server-sent events.
 
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, code = null) {
     super(message);
     this.status = typeof status === "number" ? status : 0;
+    this.code = typeof code === "string" ? code : typeof status === "string" ? status : null;
   }
 }
 
 async function errorOf(response) {
   let message = `${response.status} ${response.statusText}`;
+  let code = null;
   try {
     const body = await response.json();
     if (body && body.error && body.error.message) message = body.error.message;
+    if (body && body.error) code = body.error.code;
   } catch (_) {
     // not JSON: keep the status line
   }
-  return new ApiError(response.status, message);
+  return new ApiError(response.status, message, code);
 }
 
 export class Api {
@@ -42,6 +46,17 @@ export class Api {
   async models() {
     const listing = await (await this.get("/v1/models")).json();
     return listing.data.map((card) => card.id);
+  }
+
+  // Encodes one image ahead of the turn that sends it (/v1/mm/encode): its handle and tokens.
+  async encodeImage(model, url) {
+    const response = await fetch("/v1/mm/encode", {
+      method: "POST",
+      headers: this.headers({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ model, content: [{ type: "image_url", image_url: { url } }] }),
+    });
+    if (!response.ok) throw await errorOf(response);
+    return (await response.json()).items[0];
   }
 
   async metricsText() {

@@ -1,6 +1,8 @@
 // The playground: a chat with images and videos over /v1/chat/completions (streamed), per-turn
 // numbers from the usage object, and the live cache panel. The whole conversation is sent each turn,
-// as any OpenAI client does: the server's caches are what make the repeat cheap.
+// as any OpenAI client does: the server's caches are what make the repeat cheap. An attached image
+// is encoded at once (/v1/mm/encode) while the person types; turns then name it by its handle
+// (mmserve://...), and send its bytes again only if the server no longer has it.
 
 import { Api } from "./api.js";
 import { startMetricsPanel } from "./metrics.js";
@@ -9,7 +11,8 @@ import { assistantTurn, attachmentChip, renderStats, userTurn } from "./render.j
 const $ = (id) => document.getElementById(id);
 const api = new Api();
 // media: the conversation's images and videos in the order sent; pending: for the next message
-const chat = { messages: [], media: [], pending: [], controller: null };
+// urls: handle -> the image's data URL, to send the bytes instead if a handle is refused
+const chat = { messages: [], media: [], pending: [], controller: null, urls: new Map() };
 
 function notice(message) {
   $("notice").textContent = message || "";
@@ -64,16 +67,44 @@ async function addFiles(files) {
   for (const file of media) {
     const kind = mediaKind(file);
     const name = file.name || `pasted ${kind}`;
-    chat.pending.push({ kind, name, url: await readAsDataURL(file) });
+    const item = { kind, name, url: await readAsDataURL(file), state: null };
+    if (kind === "image" && $("model").value) item.encoding = encodeAhead(item);
+    chat.pending.push(item);
   }
   showAttachments();
   return media.length;
 }
 
+// Encode while the person types; a failure only means the turn sends the bytes.
+async function encodeAhead(item) {
+  item.state = "encoding";
+  try {
+    const encoded = await api.encodeImage($("model").value, item.url);
+    item.handle = encoded.handle;
+    item.state = "cached";
+    chat.urls.set(encoded.handle, item.url);
+  } catch (_) {
+    item.state = null;
+  }
+  showAttachments();
+}
+
 function contentPart(item) {
-  return item.kind === "video"
-    ? { type: "video_url", video_url: { url: item.url } }
-    : { type: "image_url", image_url: { url: item.url } };
+  if (item.kind === "video") return { type: "video_url", video_url: { url: item.url } };
+  const url = item.handle ? `mmserve://${item.handle}` : item.url;
+  return { type: "image_url", image_url: { url } };
+}
+
+// The conversation with every handle replaced by its image's bytes (a refused or expired
+// handle: the server lost the embedding, or prepares several images differently).
+function withBytes(messages) {
+  for (const message of messages) {
+    if (!Array.isArray(message.content)) continue;
+    for (const part of message.content) {
+      const url = part.image_url && part.image_url.url;
+      if (url && url.startsWith("mmserve://")) part.image_url.url = chat.urls.get(url.slice(10));
+    }
+  }
 }
 
 function number(id) {
@@ -110,6 +141,8 @@ async function send() {
   const attached = chat.pending.splice(0);
   showAttachments();
   $("prompt").value = "";
+  const started = performance.now();
+  await Promise.all(attached.map((item) => item.encoding)); // usually done while typing
   const parts = attached.map(contentPart);
   if (text) parts.push({ type: "text", text });
   messages.push({ role: "user", content: attached.length ? parts : text });
@@ -121,7 +154,6 @@ async function send() {
 
   chat.controller = new AbortController();
   setBusy(true);
-  const started = performance.now();
   const timing = { ttft: null, tokensPerSecond: null };
   let answer = "";
   let usage = null;
@@ -129,7 +161,7 @@ async function send() {
   let endAt = null;
   const requestMedia = [...chat.media];
   try {
-    for await (const event of api.chatStream(requestBody(), chat.controller.signal)) {
+    for await (const event of streamWithBytesOnRefusal(chat.controller.signal)) {
       endAt = performance.now();
       if (event.usage) usage = event.usage;
       const delta = event.choices && event.choices[0] ? event.choices[0].delta : null;
@@ -172,6 +204,17 @@ async function send() {
   refreshMetrics();
 }
 
+// The turn's stream; if a handle is refused before anything streamed, once more with bytes.
+async function* streamWithBytesOnRefusal(signal) {
+  try {
+    yield* api.chatStream(requestBody(), signal);
+  } catch (err) {
+    if (!(err.code || "").startsWith("media_handle")) throw err;
+    withBytes(chat.messages);
+    yield* api.chatStream(requestBody(), signal);
+  }
+}
+
 function restoreComposer(text, attached) {
   if (!$("prompt").value) $("prompt").value = text;
   chat.pending.unshift(...attached);
@@ -182,6 +225,7 @@ function newChat() {
   if (chat.controller) chat.controller.abort();
   chat.messages = [];
   chat.media = [];
+  chat.urls = new Map();
   $("log").replaceChildren();
 }
 

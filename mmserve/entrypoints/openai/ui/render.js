@@ -110,9 +110,11 @@ export function renderStats(root, usage, timing, media) {
 export function attachmentChip(item, onRemove) {
   const remove = el("button", { type: "button", class: "remove", title: "remove", text: "x" });
   remove.addEventListener("click", onRemove);
-  return el("div", { class: "chip" }, [
+  const state = item.state ? [el("span", { class: `state ${item.state}`, text: item.state })] : [];
+  return el("div", { class: "chip", data: { state: item.state || "" } }, [
     thumbnail(item),
     el("span", { class: "name", text: item.name }),
+    ...state,
     remove,
   ]);
 }
