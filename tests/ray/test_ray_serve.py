@@ -324,7 +324,8 @@ def test_a_burst_for_one_new_image_encodes_once_across_replicas(
     store_app: str, single: RunningServer
 ) -> None:
     """Issue 31: the replicas' concurrent misses elect one encoder through the store's lease;
-    the other replica waits for the stored result and loads it."""
+    the other replica waits for the stored result and loads it. Whether it waited or came
+    after the write depends on timing (the lease tests in tests/store check the wait)."""
     messages = [user_turn([66], "Describe it.")]
     body = {"model": MODEL, "messages": messages, "max_tokens": 48, "temperature": 0}
     body["ignore_eos"] = True
@@ -343,7 +344,9 @@ def test_a_burst_for_one_new_image_encodes_once_across_replicas(
     assert spills > before["routing"]["decisions"].get("spill", 0), after["routing"]  # both
     total, first = after["total"], before["total"]
     assert total["encoder_images_encoded"] - first["encoder_images_encoded"] == 1, total
-    assert total["encoder_store_lease_waits"] > first.get("encoder_store_lease_waits", 0)
+    # the replica that did not encode got the embedding from the store: by waiting on the
+    # lease, or, when its requests came after the write, as a plain store hit
+    assert total["encoder_store_loads"] > first.get("encoder_store_loads", 0), total
     reference = chat(single.url, messages, max_tokens=48, ignore_eos=True)
     assert answers == [reference["choices"][0]["message"]["content"]] * 8
 
