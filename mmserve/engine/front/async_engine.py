@@ -44,6 +44,7 @@ from mmserve.engine.errors import (
     EngineStepError,
 )
 from mmserve.engine.front.command_inbox import Command, CommandInbox
+from mmserve.engine.front.encode_queue import EncodeQueue
 from mmserve.engine.front.output_stream import (
     AbortCommand,
     AddCommand,
@@ -97,6 +98,7 @@ class AsyncLLMEngine(RequestLifecycle):
         self._draining = False
         self.stats = ServerMetrics(self.get_metrics)
         self._inbox = CommandInbox()
+        self._encodes = EncodeQueue()  # engine thread only
         self._active: dict[str, OutputStream] = {}  # engine thread only
         self._snapshot: dict[str, float] = dict(engine.get_metrics())
         self._num_unfinished = 0  # event loop only: admitted generate() calls not yet ended
@@ -254,7 +256,7 @@ class AsyncLLMEngine(RequestLifecycle):
     async def encode(self, prompt: PromptInput) -> list[HandleRecord]:
         """Encode-ahead (``POST /v1/mm/encode``): the prompt's images fetched and prepared off
         the loop as any prompt's are, admitted (``RequestIntake.admit_encode``: every limit of
-        a prompt), encoded on the engine thread between two steps, then their handles
+        a prompt), encoded on the engine thread a budget per loop turn, then their handles
         registered. No LM work, no request in the scheduler."""
         self._check_admissible()
         ready = await self.admission.prepare(prompt)
@@ -267,6 +269,10 @@ class AsyncLLMEngine(RequestLifecycle):
         self.engine.handles.register(records, ready)
         return records
 
+    def _busy(self) -> bool:
+        """Work for the engine thread without a new command (read under the inbox's lock)."""
+        return bool(self._encodes) or self.engine.has_unfinished_requests()
+
     def _submit(self, command: Command) -> None:
         self._inbox.submit(command, accepting=self._dead is None)
 
@@ -277,11 +283,12 @@ class AsyncLLMEngine(RequestLifecycle):
                 self.engine.warm_up()
             self._warm.set()
             while True:
-                commands = self._inbox.wait_for_work(lambda: self.engine.has_unfinished_requests())
+                commands = self._inbox.wait_for_work(self._busy)
                 if commands is None:
                     break
                 for command in commands:
                     self._apply(command)
+                self._encodes.run_once(self.engine.encode_items, self.engine.encoder_budget)
                 if self.engine.has_unfinished_requests():
                     self._step()
                 elif self._active:  # cannot happen unless the engine lost a request
@@ -301,6 +308,7 @@ class AsyncLLMEngine(RequestLifecycle):
                     command.stream.put_threadsafe(stopped)
                 elif isinstance(command, EncodeCommand) and not command.done.done():
                     command.done.set_exception(stopped)
+            self._encodes.fail_all(stopped)
             self._fail_all(stopped)
             self._publish_snapshot()
 
@@ -327,13 +335,8 @@ class AsyncLLMEngine(RequestLifecycle):
             self._active[command.request_id] = command.stream
 
     def _encode(self, command: EncodeCommand) -> None:
-        if not command.done.set_running_or_notify_cancel():
-            return  # the client went away before its turn
-        try:
-            command.done.set_result(self.engine.encode_processed(command.processed))
-        except Exception as exc:
-            logger.exception("encoding ahead failed")
-            command.done.set_exception(EngineStepError(f"the encoder failed: {exc}"))
+        """Queue the command's items; the loop encodes them a budget per turn (``EncodeQueue``)."""
+        self._encodes.add(self.engine.intake.take_store_hits(command.processed), command.done)
 
     def _step(self) -> list[RequestOutput]:
         try:

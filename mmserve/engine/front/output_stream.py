@@ -67,9 +67,9 @@ class AbortCommand:
 
 @dataclass
 class EncodeCommand:
-    """Engine thread: encode this processed encode-only prompt's images between two steps
-    (``LLMEngine.encode_processed``); ``done`` gets the number encoded or the error (a
-    cancelled ``done`` is skipped)."""
+    """Engine thread: encode this processed encode-only prompt's images, a budget per loop
+    turn (``EncodeQueue``); ``done`` gets the number encoded or the error (a cancelled
+    ``done`` is skipped)."""
 
     processed: ProcessedPrompt
     done: concurrent.futures.Future[int]

@@ -1,4 +1,4 @@
-"""Encode-ahead: an encode-only request's images into the encoder cache, between two steps."""
+"""Encode-ahead: an encode-only request's images into the encoder cache, between steps."""
 
 from __future__ import annotations
 

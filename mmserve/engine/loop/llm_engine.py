@@ -32,7 +32,7 @@ from mmserve.engine.setup.loading import (
 from mmserve.engine.setup.malloc_tuning import tune_malloc
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
-from mmserve.inputs import ProcessedPrompt, PromptInput
+from mmserve.inputs import MultiModalItem, PromptInput
 from mmserve.layers.attention import select_attention_backend
 from mmserve.multimodal.handles import HandleRecord
 from mmserve.multimodal.media.policy import MediaFetchPolicy
@@ -205,13 +205,14 @@ class LLMEngine:
         its threads, ``AsyncLLMEngine.encode``)."""
         processed, records = self.intake.admit_encode(prompt)
         self.intake.wait_for_store([processed])
-        self.encode_processed(processed)
+        # all at once: offline, no request waits on this thread (the server encodes a budget
+        # per loop turn, ``EncodeQueue``)
+        self.encode_items(self.intake.take_store_hits(processed))
         self.handles.register(records, prompt)
         return records
 
-    def encode_processed(self, processed: ProcessedPrompt) -> int:
-        """The engine thread's part of an encode: ``encode_ahead``; returns the images encoded."""
-        items = self.intake.take_store_hits(processed)
+    def encode_items(self, items: list[MultiModalItem]) -> int:
+        """``encode_ahead`` of ``items`` (store hits attached); returns the images encoded."""
         return encode_ahead(self.scheduler, self.runner, items)
 
     def _host_embedding(self, item_key: str) -> torch.Tensor | None:
