@@ -175,6 +175,28 @@ def test_errors_like_one_server(cluster: str, single: RunningServer, body: dict[
     assert mine.status_code in (400, 404)
 
 
+def test_a_media_handle_is_a_clear_400_through_the_ray_ingress(
+    cluster: str, single: RunningServer
+) -> None:
+    """Handles are resolved by an engine's own admission, which the Ray ingress does not run:
+    a chat naming one, or an encode-ahead, is refused in one clear line (the single server
+    answers the same chat with an unknown handle), and the ingress keeps serving."""
+    part = {"type": "image_url", "image_url": {"url": "mmserve://" + "0" * 64}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [part]}], "max_tokens": 2}
+    mine = httpx.post(f"{cluster}/v1/chat/completions", json=body, timeout=60)
+    theirs = httpx.post(f"{single.url}/v1/chat/completions", json=body, timeout=60)
+    assert (mine.status_code, theirs.status_code) == (400, 400)
+    assert mine.json()["error"]["code"] == "media_handle_unsupported"
+    assert theirs.json()["error"]["code"] == "media_handle_not_found"
+    image = {"type": "image_url", "image_url": {"url": data_url(1)}}
+    encoded = httpx.post(
+        f"{cluster}/v1/mm/encode", json={"model": MODEL, "content": [image]}, timeout=60
+    )
+    assert encoded.status_code == 400
+    assert encoded.json()["error"]["code"] == "media_handle_unsupported"
+    assert chat(cluster, [user_turn([1], "Still there?")], max_tokens=2)["choices"]
+
+
 BURST = 10
 
 

@@ -21,7 +21,8 @@ from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums, ClusterStat
 from mmserve.entrypoints.ray.frontend import FrontendEngine
 from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
-from mmserve.inputs import ProcessedPrompt
+from mmserve.inputs import ProcessedPrompt, PromptInput
+from mmserve.multimodal.handles import HandleRecord, MediaHandleError
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
@@ -95,6 +96,15 @@ class RoutedEngine(AsyncLLMEngine):
             raise EngineShutdownError("the server is shutting down")
         if self.stopping or not self._started:
             raise EngineShutdownError("the server is not running (shutting down)")
+
+    async def encode(self, prompt: PromptInput) -> list[HandleRecord]:
+        """Refused: encode-ahead and its handles live in one engine's caches and admission,
+        which a handle-less router cannot pick; the client sends the image with the chat."""
+        raise MediaHandleError(
+            "encode-ahead (/v1/mm/encode) and media handles are served by a single server, not"
+            " through the Ray ingress; send the image itself with the chat",
+            "media_handle_unsupported",
+        )
 
     async def _dispatch(
         self, request_id: str, processed: ProcessedPrompt, params: SamplingParams, text: str | None
