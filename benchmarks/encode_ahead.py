@@ -22,11 +22,9 @@ import argparse
 import base64
 import io
 import json
-import os
 import shlex
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
 from typing import Any
 
@@ -35,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from mmserve.bench.lib.priority import add_priority_arg, apply_priority
-from mmserve.bench.lib.servers import free_port
+from mmserve.bench.lib.servers import start_server
 
 QUESTION = "What is in the picture?"
 
@@ -57,26 +55,8 @@ def chat_body(model: str, url: str) -> dict[str, Any]:
             "max_tokens": 1, "temperature": 0}  # fmt: skip
 
 
-def start_server(model: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    argv = [sys.executable, "-m", "mmserve.cli", "serve", "--model", model, "--port", str(port)]
-    argv += extra
-    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    while True:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return server, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-
-
 def encode(base: str, model: str, url: str) -> str:
-    r = httpx.post(f"{base}/v1/mm/encode", json={"model": model, "content": [image_part(url)]},
+    r = httpx.post(f"{base}/mm/encode", json={"model": model, "content": [image_part(url)]},
                    timeout=600)  # fmt: skip
     r.raise_for_status()
     return str(r.json()["items"][0]["handle"])
@@ -84,7 +64,7 @@ def encode(base: str, model: str, url: str) -> str:
 
 def timed_chat(base: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     t = time.perf_counter()
-    r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600)
+    r = httpx.post(f"{base}/chat/completions", json=body, timeout=600)
     elapsed = time.perf_counter() - t
     r.raise_for_status()
     return elapsed, r.json()
@@ -94,24 +74,30 @@ def one_round(
     model: str, threads: int, seed: int, count: int, extra: list[str]
 ) -> dict[str, list[float]]:
     urls = [image_url(seed * 100 + i) for i in range(count)]  # made before timing
+    with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/server.log", "w") as log:
+        server = start_server("mmserve", model, threads, {}, log, extra_args=extra,
+                              timeout_s=1800)  # fmt: skip
+        try:
+            times = asked(server.base_url, model, urls, seed)  # base_url ends in /v1
+        finally:
+            server.stop()
+    return times
+
+
+def asked(base: str, model: str, urls: list[str], seed: int) -> dict[str, list[float]]:
+    """Each image asked about once per mode, the modes alternating which goes first."""
     times: dict[str, list[float]] = {"sent": [], "encoded ahead": []}
-    server, base = start_server(model, threads, extra)
-    try:
-        for i, url in enumerate(urls):
-            for mode in ["sent", "encoded ahead"] if i % 2 == 0 else ["encoded ahead", "sent"]:
-                if mode == "sent":  # the other mode's encode must not serve this one
-                    url_i = image_url(seed * 100 + i + 50)
-                    elapsed, _ = timed_chat(base, chat_body(model, url_i))
-                else:
-                    handle = encode(base, model, url)
-                    elapsed, answer = timed_chat(base, chat_body(model, f"mmserve://{handle}"))
-                    usage = json.dumps(answer.get("usage", {}))
-                    if '"encoded"' in usage and '"cached"' not in usage:
-                        raise RuntimeError(f"the handle's image was encoded again: {usage}")
-                times[mode].append(elapsed)
-    finally:
-        server.terminate()
-        server.wait(60)
+    for i, url in enumerate(urls):
+        for mode in ["sent", "encoded ahead"] if i % 2 == 0 else ["encoded ahead", "sent"]:
+            if mode == "sent":  # another image: the other mode's encode must not serve it
+                elapsed, _ = timed_chat(base, chat_body(model, image_url(seed * 100 + i + 50)))
+            else:
+                handle = encode(base, model, url)
+                elapsed, answer = timed_chat(base, chat_body(model, f"mmserve://{handle}"))
+                sources = [m["source"] for m in answer["usage"].get("mm_inputs", [])]
+                if "encoded" in sources:
+                    raise RuntimeError(f"the handle's image was encoded again: {sources}")
+            times[mode].append(elapsed)
     return times
 
 
