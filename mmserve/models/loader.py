@@ -20,6 +20,7 @@ weights, vLLM's and transformers' too).
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -110,9 +111,7 @@ class SafetensorsFile:
         """Tensor ``key`` as a view of the file mapped copy-on-write (writes stay private), or
         None when it is empty or its data is not aligned to its element size. The view keeps
         the mapping alive after this file closes."""
-        entry = self.entries[key]
-        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-        start, end = entry["data_offsets"]
+        dtype, start, end = self._span(key)
         offset = self._data_start + start
         if end == start or offset % dtype.itemsize:
             return None
@@ -120,19 +119,27 @@ class SafetensorsFile:
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
         flat = torch.frombuffer(self._map, dtype=dtype, count=(end - start) // dtype.itemsize,
                                 offset=offset)  # fmt: skip
-        return flat.view(entry["shape"])
+        return flat.view(self.shape(key))
 
     def dtype(self, key: str) -> torch.dtype:
         return SAFETENSORS_DTYPES[self.entries[key]["dtype"]]
 
+    def _span(self, key: str) -> tuple[torch.dtype, int, int]:
+        """Tensor ``key``'s dtype and data offsets; a ValueError naming the file when its
+        header's offsets do not span its shape."""
+        dtype, (start, end) = self.dtype(key), self.entries[key]["data_offsets"]
+        expected = math.prod(self.shape(key)) * dtype.itemsize
+        if end - start != expected:
+            raise ValueError(f"{self.path}: tensor {key!r} has {end - start} bytes, its shape"
+                             f" {self.shape(key)} takes {expected}")  # fmt: skip
+        return dtype, start, end
+
     def read_into(self, key: str, dest: torch.Tensor) -> None:
         """Fill ``dest`` (the tensor's shape) with tensor ``key``, cast to ``dest``'s dtype."""
-        entry = self.entries[key]
-        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-        start, end = entry["data_offsets"]
-        if end - start != dest.numel() * dtype.itemsize:
-            raise ValueError(f"{self.path}: tensor {key!r} has {end - start} bytes, expected"
-                             f" {dest.numel() * dtype.itemsize}")  # fmt: skip
+        dtype, start, end = self._span(key)
+        if dest.numel() != math.prod(self.shape(key)):
+            raise ValueError(f"{self.path}: tensor {key!r} has shape {self.shape(key)}, the"
+                             f" destination {tuple(dest.shape)}")  # fmt: skip
         direct = dest.device.type == "cpu" and dest.dtype == dtype and dest.is_contiguous()
         target = dest if direct else torch.empty(dest.shape, dtype=dtype)
         if target.numel():

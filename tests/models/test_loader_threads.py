@@ -73,3 +73,25 @@ def test_a_cpu_weight_in_the_checkpoint_dtype_is_a_view_of_the_file(tmp_path: Pa
     fp16 = TwoLayers().to(torch.float16)  # another dtype: read and cast into its own memory
     load_safetensors(fp16, tmp_path, [], read_threads=2)
     assert fp16.a.weight.untyped_storage().resizable()
+
+
+def test_a_header_whose_offsets_do_not_span_the_shape_is_a_value_error(tmp_path: Path) -> None:
+    """Mapped or read, a tensor whose header claims more elements than its bytes hold is refused
+    naming the file and tensor (not a reshape error from deep inside torch)."""
+    import json
+    import struct
+
+    _checkpoint(tmp_path, torch.bfloat16)
+    shard = tmp_path / "model-2.safetensors"
+    raw = shard.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + size])
+    header["b.weight"]["shape"] = [32, 97]  # the bytes hold 32 x 96
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
+    assert len(text) == size
+    shard.write_bytes(raw[:8] + text + raw[8 + size :])
+    for dtype in (torch.bfloat16, torch.float16):  # mapped, then read and cast
+        model = TwoLayers().to(dtype)
+        model.b = nn.Linear(97, 32, bias=False).to(dtype)
+        with pytest.raises(ValueError, match=r"model-2\.safetensors: tensor 'b\.weight' has"):
+            load_safetensors(model, tmp_path, [], read_threads=2)
