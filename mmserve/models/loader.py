@@ -19,37 +19,16 @@ weights, vLLM's and transformers' too).
 
 from __future__ import annotations
 
-import json
-import math
-import mmap
-import os
 import re
-import struct
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import torch
 from torch import nn
 
 from mmserve.layers.fused_linear import stacked_checkpoint_rows
-
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
+from mmserve.models.safetensors_file import SafetensorsFile
 
 
 def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
@@ -75,87 +54,6 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
                 if id(buf) not in done:
                     done[id(buf)] = convert(buf)
                 module._buffers[name] = done[id(buf)]
-
-
-class SafetensorsFile:
-    """One ``.safetensors`` file: its header's entries and reads of single tensors."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 -- closed by __exit__
-        (size,) = struct.unpack("<Q", self._file.read(8))
-        header: dict[str, Any] = json.loads(self._file.read(size))
-        header.pop("__metadata__", None)
-        self.entries: dict[str, dict[str, Any]] = header
-        self._data_start = 8 + size
-        self._map: mmap.mmap | None = None
-        data_bytes = max((e["data_offsets"][1] for e in header.values()), default=0)
-        if self._data_start + data_bytes > os.fstat(self._file.fileno()).st_size:
-            self._file.close()
-            raise ValueError(f"{path} is truncated: its header lists {data_bytes} data bytes")
-
-    def __enter__(self) -> SafetensorsFile:
-        return self
-
-    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self._file.close()
-
-    def keys(self) -> list[str]:
-        """Tensor names in file order (sequential reads)."""
-        return sorted(self.entries, key=lambda k: self.entries[k]["data_offsets"][0])
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self.entries[key]["shape"])
-
-    def mapped(self, key: str) -> torch.Tensor | None:
-        """Tensor ``key`` as a view of the file mapped copy-on-write (writes stay private), or
-        None when it is empty or its data is not aligned to its element size. The view keeps
-        the mapping alive after this file closes."""
-        dtype, start, end = self._span(key)
-        offset = self._data_start + start
-        if end == start or offset % dtype.itemsize:
-            return None
-        if self._map is None:
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
-        flat = torch.frombuffer(self._map, dtype=dtype, count=(end - start) // dtype.itemsize,
-                                offset=offset)  # fmt: skip
-        return flat.view(self.shape(key))
-
-    def dtype(self, key: str) -> torch.dtype:
-        return SAFETENSORS_DTYPES[self.entries[key]["dtype"]]
-
-    def _span(self, key: str) -> tuple[torch.dtype, int, int]:
-        """Tensor ``key``'s dtype and data offsets; a ValueError naming the file when its
-        header's offsets do not span its shape."""
-        dtype, (start, end) = self.dtype(key), self.entries[key]["data_offsets"]
-        expected = math.prod(self.shape(key)) * dtype.itemsize
-        if end - start != expected:
-            raise ValueError(f"{self.path}: tensor {key!r} has {end - start} bytes, its shape"
-                             f" {self.shape(key)} takes {expected}")  # fmt: skip
-        return dtype, start, end
-
-    def read_into(self, key: str, dest: torch.Tensor) -> None:
-        """Fill ``dest`` (the tensor's shape) with tensor ``key``, cast to ``dest``'s dtype."""
-        dtype, start, end = self._span(key)
-        if dest.numel() != math.prod(self.shape(key)):
-            raise ValueError(f"{self.path}: tensor {key!r} has shape {self.shape(key)}, the"
-                             f" destination {tuple(dest.shape)}")  # fmt: skip
-        direct = dest.device.type == "cpu" and dest.dtype == dtype and dest.is_contiguous()
-        target = dest if direct else torch.empty(dest.shape, dtype=dtype)
-        if target.numel():
-            self._readinto(start, target.reshape(-1).view(torch.uint8).numpy())
-        if not direct:
-            dest.copy_(target)
-
-    def _readinto(self, offset: int, buffer: Any) -> None:
-        """Positioned reads (no shared file offset), so threads may read one file at once."""
-        view = memoryview(buffer).cast("B")
-        start, done, fd = self._data_start + offset, 0, self._file.fileno()
-        while done < len(view):
-            count = os.preadv(fd, [view[done:]], start + done)
-            if not count:
-                raise ValueError(f"{self.path} is truncated")
-            done += count
 
 
 def load_safetensors(
