@@ -122,6 +122,33 @@ def test_chunks_are_deterministic_and_safetensors_reads_the_files(tmp_path: Path
         assert f.get_tensor("b.bias").dtype == torch.float16
 
 
+
+def test_a_shard_has_the_bytes_safetensors_save_file_writes(tmp_path: Path) -> None:
+    """The hub's files come from ``safetensors.save_file``: tensors ordered by dtype (widest
+    first), then by name, whatever order the model lists them in. The order decides which
+    tensors lie back to back in a file (the loader maps a stacked gate/up weight only when its
+    parts do), so a shape preset must order them as the hub does."""
+    from safetensors.torch import save_file
+
+    from mmserve.models.tiny.shapes.weights import write_safetensors
+
+    plans = [  # model order: q, k, v, o, then the MLP, a float32 norm last
+        TensorPlan("layers.10.self_attn.q_proj.weight", (8, 4), torch.bfloat16, "normal"),
+        TensorPlan("layers.10.self_attn.k_proj.weight", (4, 4), torch.bfloat16, "normal"),
+        TensorPlan("layers.10.self_attn.v_proj.weight", (4, 4), torch.bfloat16, "normal"),
+        TensorPlan("layers.10.self_attn.o_proj.weight", (4, 8), torch.bfloat16, "normal"),
+        TensorPlan("layers.2.mlp.gate_proj.weight", (6, 4), torch.bfloat16, "normal"),
+        TensorPlan("layers.2.mlp.up_proj.weight", (6, 4), torch.bfloat16, "normal"),
+        TensorPlan("layers.2.mlp.down_proj.weight", (4, 6), torch.bfloat16, "normal"),
+        TensorPlan("layers.2.bias", (3,), torch.float16, "small"),
+        TensorPlan("norm.weight", (4,), torch.float32, "ones"),
+    ]
+    write_safetensors(tmp_path / "ours.safetensors", plans)
+    tensors = {p.name: torch.cat(list(tensor_chunks(p))).view(p.shape) for p in plans}
+    save_file(tensors, str(tmp_path / "hub.safetensors"), metadata={"format": "pt"})
+    ours = (tmp_path / "ours.safetensors").read_bytes()
+    assert ours == (tmp_path / "hub.safetensors").read_bytes()
+
 CUTS = {
     SMOLVLM_500M: {
         "text_config": {"num_hidden_layers": 2},

@@ -28,7 +28,7 @@ from .spec import ShapeSpec
 from .tokens import build_shape_tokenizer
 from .weights import SEED, TensorPlan, write_checkpoint
 
-SHAPE_BUILD_VERSION = 1  # bump whenever the bytes a build writes change (invalidates caches)
+SHAPE_BUILD_VERSION = 2  # bump whenever the bytes a build writes change (invalidates caches)
 MARKER_FILE = "mmserve_preset.json"
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

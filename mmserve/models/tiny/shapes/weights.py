@@ -11,6 +11,10 @@ Matrices and embeddings get std ``WEIGHT_STD``; 1-D norm weights are 1, other 1-
 Files follow the safetensors format: an 8-byte little-endian header length, a JSON header
 (``__metadata__`` ``{"format": "pt"}`` and per tensor its dtype, shape and ``data_offsets``)
 padded with spaces to a multiple of 8 bytes, then the tensors back to back, in header order.
+Within a file the tensors are ordered as ``safetensors.save_file`` (which writes the hub's
+files) orders them: by dtype, widest first, then by name. Which tensors lie back to back
+decides what the loader can map (a stacked gate/up weight, when its parts are adjacent), so
+the shapes must not be laid out more favourably than a real checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ WEIGHT_STD = 0.02
 BIAS_STD = 0.02
 SEED = 20240601
 DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+# safetensors' dtype order (its Rust ``Dtype`` enum), sorted descending when it writes a file
+DTYPE_ORDER = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,11 @@ def tensor_chunks(plan: TensorPlan) -> Iterator[torch.Tensor]:
         offset = (offset + size + step) % POOL_SIZE
 
 
+def file_order(plans: Iterable[TensorPlan]) -> list[TensorPlan]:
+    """``plans`` in the order ``safetensors.save_file`` writes them."""
+    return sorted(plans, key=lambda plan: (-DTYPE_ORDER[plan.dtype], plan.name))
+
+
 def _header(plans: list[TensorPlan]) -> bytes:
     entries: dict[str, object] = {"__metadata__": {"format": "pt"}}
     start = 0
@@ -89,7 +100,9 @@ def _header(plans: list[TensorPlan]) -> bytes:
 
 
 def write_safetensors(path: Path, plans: list[TensorPlan]) -> None:
-    """Write ``plans`` as one safetensors file, streaming each tensor's chunks."""
+    """Write ``plans`` as one safetensors file (in ``file_order``), streaming each tensor's
+    chunks."""
+    plans = file_order(plans)
     header = _header(plans)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)))
