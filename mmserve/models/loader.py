@@ -8,18 +8,20 @@ and the kernel maps the page-cached file instead of zeroing fresh pages -- on th
 2-core VM, fresh pages fill at 1.3-1.7 GB/s, 4x slower than a copy into touched memory, so
 reading a 4 GB model into fresh memory took 5 s. The mapped pages count in the process's
 resident set once touched, like the memory they replace. The empty storage those parameters
-had is never touched, so never resident. Every other tensor (the rows of a stacked qkv / gate-up
-weight, another dtype, a GPU) is read from its file into its destination
-(``SafetensorsFile.read_into``), by ``read_threads`` threads (``os.preadv`` releases the GIL),
-through one tensor-sized buffer per thread when the dtype or device differs. Those reads never
-touch the mapping, so peak RSS stays the weights plus the largest tensor per thread. A mapped
-checkpoint must not be rewritten in place while the engine runs (the usual rule for mapped
-weights, vLLM's and transformers' too).
+had is never touched, so never resident. A stacked weight is mapped the same way when its
+checkpoint tensors lie back to back in stacking order (a gate/up weight, ``_map_stacked``).
+Every other tensor (the rows of a stacked q/k/v weight, another dtype, a GPU) is read from its
+file into its destination (``SafetensorsFile.read_into``), by ``read_threads`` threads
+(``os.preadv`` releases the GIL), through one tensor-sized buffer per thread when the dtype or
+device differs. Those reads never touch the mapping, so peak RSS stays the weights plus the
+largest tensor per thread. A mapped checkpoint must not be rewritten in place while the engine
+runs (the usual rule for mapped weights, vLLM's and transformers' too).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -95,10 +97,9 @@ def load_safetensors(
     for file in files:
         with SafetensorsFile(file) as f, torch.no_grad(), ThreadPoolExecutor(threads) as pool:
             reads = []
-            for key in f.keys():
-                name = key
-                for pattern, repl in rename_rules:
-                    name = re.sub(pattern, repl, name)
+            renamed = {key: _rename(key, rename_rules) for key in f.keys()}
+            mapped = _map_stacked(f, renamed, stacked, parameters, holders)
+            for key, name in renamed.items():
                 if name in stacked:
                     target, rows = stacked[name]
                     dest = params[target][rows]
@@ -114,8 +115,10 @@ def load_safetensors(
                         f" {tuple(dest.shape)} for {target!r}"
                     )
                 loaded.add(name)
+                if target in mapped:
+                    continue
                 param = parameters.get(name)
-                if param is not None and _map_parameter(f, key, param, holders[id(param)]):
+                if param is not None and _map_parameter(f, [key], param, holders[id(param)]):
                     continue
                 reads.append(pool.submit(_read_without_grad, f, key, dest))
             for read in reads:
@@ -145,15 +148,53 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
     return holders
 
 
+def _rename(key: str, rename_rules: list[tuple[str, str]]) -> str:
+    for pattern, repl in rename_rules:
+        key = re.sub(pattern, repl, key)
+    return key
+
+
+def _map_stacked(
+    file: SafetensorsFile,
+    renamed: dict[str, str],
+    stacked: dict[str, tuple[str, slice]],
+    parameters: dict[str, nn.Parameter],
+    holders: dict[int, list[tuple[nn.Module, str]]],
+) -> set[str]:
+    """Map each stacked parameter whose shards all lie back to back in ``file``, in stacking
+    order (a gate/up weight: ``save_file`` orders tensors by name, so ``gate_proj`` comes right
+    before ``up_proj``), as one view (``_map_parameter``); returns the parameters mapped. The
+    others (q/k/v: ``o_proj`` lies between ``k_proj`` and ``q_proj``) are read row by row."""
+    shards: dict[str, list[tuple[int, str]]] = {}
+    for key, name in renamed.items():
+        if name in stacked:
+            target, rows = stacked[name]
+            shards.setdefault(target, []).append((rows.start, key))
+    mapped: set[str] = set()
+    counts = Counter(target for target, _ in stacked.values())
+    for target, parts in shards.items():
+        param = parameters.get(target)
+        if param is None or len(parts) != counts[target]:  # shards in other files: read
+            continue
+        keys = [key for _, key in sorted(parts)]
+        if _map_parameter(file, keys, param, holders[id(param)]):
+            mapped.add(target)
+    return mapped
+
+
 def _map_parameter(
-    file: SafetensorsFile, key: str, param: nn.Parameter, holders: list[tuple[nn.Module, str]]
+    file: SafetensorsFile,
+    keys: list[str],
+    param: nn.Parameter,
+    holders: list[tuple[nn.Module, str]],
 ) -> bool:
-    """Replace ``param`` in all its ``holders`` by a mapped view of tensor ``key`` when it is
-    on the CPU in the checkpoint's dtype; False (nothing changed) otherwise."""
-    if param.device.type != "cpu" or param.dtype != file.dtype(key):
+    """Replace ``param`` in all its ``holders`` by a mapped view of tensors ``keys`` (stacked:
+    ``SafetensorsFile.mapped_run``) when it is on the CPU in the checkpoint's dtype and has the
+    view's shape; False (nothing changed) otherwise."""
+    if param.device.type != "cpu" or any(param.dtype != file.dtype(key) for key in keys):
         return False
-    view = file.mapped(key)
-    if view is None:
+    view = file.mapped_run(keys)
+    if view is None or view.shape != param.shape:
         return False
     mapped = nn.Parameter(view, requires_grad=param.requires_grad)
     for module, leaf in holders:

@@ -4,11 +4,13 @@ Why mapping and reads are split this way is the loader's business (``mmserve.mod
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -65,7 +67,24 @@ class SafetensorsFile:
         """Tensor ``key`` as a view of the file mapped copy-on-write (writes stay private), or
         None when it is empty or its data is not aligned to its element size. The view keeps
         the mapping alive after this file closes."""
-        dtype, start, end = self._span(key)
+        return self.mapped_run([key])
+
+    def mapped_run(self, keys: Sequence[str]) -> torch.Tensor | None:
+        """Tensors ``keys`` stacked along their first dimension, as one mapped view (as
+        ``mapped``), when they share a dtype and trailing dimensions and lie back to back in
+        the file in this order; else None."""
+        spans = [self._span(key) for key in keys]
+        shapes = [self.shape(key) for key in keys]
+        dtype, shape = spans[0][0], shapes[0]
+        if len(keys) > 1:
+            if any(not dims or dims[1:] != shape[1:] for dims in shapes):
+                return None
+            if any(kind != dtype for kind, _, _ in spans):
+                return None
+            if any(later[1] != earlier[2] for earlier, later in itertools.pairwise(spans)):
+                return None
+            shape = (sum(dims[0] for dims in shapes), *shape[1:])
+        start, end = spans[0][1], spans[-1][2]
         offset = self._data_start + start
         if end == start or offset % dtype.itemsize:
             return None
@@ -73,7 +92,7 @@ class SafetensorsFile:
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
         flat = torch.frombuffer(self._map, dtype=dtype, count=(end - start) // dtype.itemsize,
                                 offset=offset)  # fmt: skip
-        return flat.view(self.shape(key))
+        return flat.view(shape)
 
     def dtype(self, key: str) -> torch.dtype:
         return SAFETENSORS_DTYPES[self.entries[key]["dtype"]]
