@@ -52,7 +52,7 @@ def add_field_flags(
         default = (defaults or {}).get(f.name, default)
         shown = json.dumps(default) if isinstance(default, dict) else default
         text = f"{meta.pop('help')} (default: {shown})".replace("%", "%%")
-        if f.type == "bool":
+        if f.type in ("bool", "bool | None"):  # None: unset, neither flag given
             parser.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=default, help=text
             )

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mmserve.extras import require_extra
+from mmserve.graph_config import DecodeGraphConfig
 
 GiB = 1 << 30
 DEFAULT_IMAGE_LIMIT = 16
@@ -257,3 +258,4 @@ class EngineConfig:
     device: str = "cpu"  # resolved: cpu or cuda:N
     gpu_memory_utilization: float = 0.9  # CUDA only: the fraction of device memory to use
     encoder_store: EncoderStoreConfig | None = None  # None: no store (today's path)
+    decode_graphs: DecodeGraphConfig | None = None  # None: decode runs eagerly

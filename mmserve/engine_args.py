@@ -176,9 +176,20 @@ class EngineArgs:
     trust_remote_code: bool = arg_field(
         False, "vLLM compatibility: accepted and ignored; mmserve never runs code from a checkpoint"
     )
-    enforce_eager: bool = arg_field(
-        False, "vLLM compatibility: accepted and ignored; mmserve always runs eagerly"
-    )
+    enforce_eager: bool | None = arg_field(
+        None, "no CUDA graphs: decode runs eagerly (vLLM's). Unset: decode steps replay CUDA"
+        " graphs on CUDA and run eagerly on CPU; --no-enforce-eager on CPU runs decode through"
+        " the graphs' padded static-shape path without capture (tests, the GPU dry run)",
+    )  # fmt: skip
+    cuda_graph_sizes: list[int] | None = arg_field(
+        None, "decode batch sizes with a CUDA graph (vLLM's): one value N gives 1, 2, 4 and"
+        " the multiples of 8 up to N, several values are the sizes (default: that pattern up"
+        " to max_num_seqs); larger batches run eagerly", type=int, nargs="+",
+    )  # fmt: skip
+    max_seq_len_to_capture: int = arg_field(
+        8192, "the longest context CUDA graphs cover (vLLM's): a decode step with a longer"
+        " sequence runs eagerly", type=human_readable_int,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         """Normalise vLLM's aliases and refuse what mmserve cannot honour, before anything
@@ -201,6 +212,14 @@ class EngineArgs:
                     f"limit_mm_per_prompt (--limit-mm-per-prompt): mmserve serves image and video"
                     f" input only, got {modality}={count}; set it to 0 or leave it out"
                 )
+        if self.cuda_graph_sizes is not None and (
+            not self.cuda_graph_sizes or min(self.cuda_graph_sizes) < 1
+        ):
+            raise ValueError(f"cuda_graph_sizes must be positive, got {self.cuda_graph_sizes}")
+        if self.max_seq_len_to_capture < 1:
+            raise ValueError(
+                f"max_seq_len_to_capture must be >= 1, got {self.max_seq_len_to_capture}"
+            )
         # the frozen configs' own range checks, now rather than once a checkpoint is read
         self.cache_config()
         self.scheduler_config()
@@ -221,8 +240,6 @@ class EngineArgs:
         notes = []
         if self.trust_remote_code:
             notes.append("--trust-remote-code is ignored: mmserve runs no code from checkpoints")
-        if self.enforce_eager:
-            notes.append("--enforce-eager is ignored: mmserve always runs eagerly (no graphs)")
         if self.gpu_memory_utilization is not None and self.device == "cpu":
             notes.append(
                 f"--gpu-memory-utilization {self.gpu_memory_utilization} is ignored on CPU: the"

@@ -18,6 +18,7 @@ from mmserve.kernels import (
 )
 from mmserve.layers.attention_flex import FlexAttentionPlan, flex_paged_attention
 from mmserve.layers.attention_masks import ImageRanges
+from mmserve.layers.attention_static import StaticDecodePlan, static_decode_attention
 from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ class AttentionMetadata:
     ``image_ranges`` (models with bidirectional image attention only): per sequence, the
     absolute ``[start, end)`` of each image overlapping its query rows; its queries also see
     the later keys of their own image (the scheduler never splits an image across steps).
+    ``static_decode`` (decode steps at a fixed shape, ``worker.cuda_graphs``): every sequence
+    has one query, and attention reads the plan's fixed key positions instead.
     """
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of each scheduled token
@@ -46,6 +49,7 @@ class AttentionMetadata:
     use_kernel: bool
     image_ranges: list[ImageRanges] | None = None
     use_flex: bool = False
+    static_decode: StaticDecodePlan | None = None
     _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
     _flex_plan: FlexAttentionPlan | None = field(default=None, repr=False)
 
@@ -180,10 +184,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """Write k/v of this step's tokens into the cache, then attend. q: [T, H, D] -> [T, H, D].
     ``sliding_window`` (and ``meta.image_ranges``) need the torch path, which
-    ``select_attention_backend`` picks for models declaring ``attention_masks``."""
+    ``select_attention_backend`` picks for models declaring ``attention_masks`` (and which
+    never run at a fixed shape)."""
     k_cache, v_cache = cache.keys[layer], cache.values[layer]
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    if meta.static_decode is not None:
+        assert sliding_window is None and meta.image_ranges is None
+        return static_decode_attention(k_cache, v_cache, q, meta.static_decode, scale)
     if meta.use_kernel:
         assert sliding_window is None and meta.image_ranges is None
         kernel = paged_attention_kernel()

@@ -17,6 +17,7 @@ from mmserve.engine.setup.device import resolve_device
 from mmserve.engine.setup.dtype import choose_dtype, log_dtype_choice
 from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
+from mmserve.graph_config import DecodeGraphConfig
 from mmserve.layers.linear import use_small_batch_kernel
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.interface import VisionLanguageModel
@@ -98,15 +99,26 @@ def create_engine_config(args: EngineArgs) -> EngineConfig:
     if model_cls.image_attention == "bidirectional":
         # an image's tokens attend to each other: a chunk may never end inside one
         scheduler_config = dataclasses.replace(scheduler_config, disable_chunked_mm_input=True)
+    cache_config = args.cache_config()
+    graphs = DecodeGraphConfig.resolve(
+        args.enforce_eager,
+        args.cuda_graph_sizes,
+        args.max_seq_len_to_capture,
+        device,
+        max_num_seqs=scheduler_config.max_num_seqs,
+        max_model_len=model_config.max_model_len,
+        block_size=cache_config.block_size,
+    )
     return EngineConfig(
         model_config,
-        args.cache_config(),
+        cache_config,
         scheduler_config,
         args.seed,
         args.attention_backend,
         device,
         args.gpu_memory_utilization or 0.9,
         args.encoder_store_config(),
+        graphs,
     )
 
 

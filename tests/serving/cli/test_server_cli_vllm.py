@@ -108,8 +108,9 @@ def test_vllm_settings_map_onto_engine_args() -> None:
     assert args.scheduler_config().limit_mm_per_prompt == {"image": 2, "video": 0}
     assert args.scheduler_config().max_videos_per_prompt == 0
     notes = "\n".join(args.ignored_settings())
-    for flag in ("--trust-remote-code", "--enforce-eager", "--gpu-memory-utilization 0.9"):
+    for flag in ("--trust-remote-code", "--gpu-memory-utilization 0.9"):
         assert flag in notes
+    assert args.enforce_eager is True and "--enforce-eager" not in notes  # honoured: no graphs
     assert serve_args().ignored_settings() == []
     long_form = serve_args("--limit-mm-per-prompt", '{"image": {"count": 3}}')
     assert long_form.limit_mm_per_prompt == {"image": 3}
