@@ -37,6 +37,12 @@ class MRopePositions:
             return tail
         return torch.cat((self.table[:, start:], tail), dim=1)
 
+    def at(self, index: int) -> list[int]:
+        """The three positions of token ``index`` (``slice(index, index + 1)`` as ints)."""
+        if index < self.table.shape[1]:
+            return [int(p) for p in self.table[:, index]]
+        return [index + self.delta] * 3
+
 
 VisionSpan = tuple[int, tuple[int, int, int]] | tuple[int, tuple[int, int, int], float]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -11,14 +12,17 @@ from mmserve.core.outputs import ModelRunnerOutput, NewRequestData, SchedulerOut
 from mmserve.layers.attention import PagedKVCache
 from mmserve.models.interface import DeepstackInputs, VisionLanguageModel
 from mmserve.sampling_params import TokenLogprobs
+from mmserve.worker.cuda_graphs import DecodeGraphs
+from mmserve.worker.decode_rows import decode_rows
 from mmserve.worker.encoder_runner import EncoderRunner
-from mmserve.worker.flat_batch import FlatBatchBuilder
+from mmserve.worker.flat_batch import FlatBatch, FlatBatchBuilder
 from mmserve.worker.grammar_mask import GrammarMask, new_matcher
 from mmserve.worker.logits_processors import TokenHistory
 from mmserve.worker.request_state import RequestState
 from mmserve.worker.sampler import compute_logprobs, sample
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions per logits matrix (bounds its memory)
+logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -32,6 +36,10 @@ class ModelRunner:
 
     Models with ``uses_mrope`` get their ``mrope_positions(num_tokens, mm_items)`` computed
     once when the worker (re)sees a request; ``FlatBatchBuilder`` slices it for each step.
+
+    With ``graphs``, a decode-only step (``decode_rows``) runs their fixed-shape forward
+    (CUDA graphs); every other step, and every step once they raised, runs eagerly. Sampling
+    is the same either way.
     """
 
     def __init__(
@@ -42,8 +50,10 @@ class ModelRunner:
         seed: int,
         attention_backend: str = "torch",
         eos_token_ids: frozenset[int] = frozenset(),
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
+        self.graphs = graphs
         self.kv_cache = kv_cache
         self.device = device
         self.encoder = EncoderRunner(model, device)
@@ -166,22 +176,20 @@ class ModelRunner:
             ]
             + unloaded
         )
-        batch = self.batches.build(sched, self.states)
         with torch.inference_mode():
-            embeds = self.model.embed(batch.token_ids)
-            deepstack = None
-            if batch.mm_src:
-                rows = torch.cat(batch.mm_src).to(embeds.dtype)
-                if self.deepstack:  # wide rows: main embedding, then the DeepStack features
-                    width = embeds.shape[1]
-                    deepstack = DeepstackInputs(batch.mm_dst, rows[:, width:])
-                    rows = rows[:, :width]
-                embeds[batch.mm_dst] = rows
-            hidden = self.model(embeds, batch.positions, self.kv_cache, batch.meta, deepstack)
+            decoded = self._run_decode_graphs(sched)
+            if decoded is not None:
+                last_hidden, sample_req_ids = decoded
+                hidden, prompt_rows = last_hidden, []
+            else:
+                batch = self.batches.build(sched, self.states)
+                hidden = self._forward(batch)
+                last_hidden, sample_req_ids = hidden[batch.sample_idx], batch.sample_req_ids
+                prompt_rows = batch.prompt_rows
             # float32 logits whatever the model's dtype: grammar masks, logits processors,
             # argmax and logprobs all see them (vLLM samples from float32 too)
-            logits = self.model.compute_logits(hidden[batch.sample_idx]).float()
-            states = [self.states[r] for r in batch.sample_req_ids]
+            logits = self.model.compute_logits(last_hidden).float()
+            states = [self.states[r] for r in sample_req_ids]
             params = [s.params for s in states]
             matchers = [s.matcher for s in states]
             if any(m is not None for m in matchers):
@@ -192,7 +200,7 @@ class ModelRunner:
             sampled = sample(
                 logits, params, [s.generator for s in states], histories, self.eos_token_ids
             )
-            prompt_logprobs = self._prompt_logprobs(hidden, batch.prompt_rows)
+            prompt_logprobs = self._prompt_logprobs(hidden, prompt_rows)
         tokens = sampled.token_ids
         for req_id, n in sched.num_scheduled_tokens.items():
             self.states[req_id].num_computed_tokens += n
@@ -205,18 +213,51 @@ class ModelRunner:
             if not sampled.logprobs
             else {
                 req_id: lp
-                for req_id, lp in zip(batch.sample_req_ids, sampled.logprobs, strict=True)
+                for req_id, lp in zip(sample_req_ids, sampled.logprobs, strict=True)
                 if lp is not None
             }
         )
         return ModelRunnerOutput(
-            sampled_token_ids=dict(zip(batch.sample_req_ids, tokens, strict=True)),
+            sampled_token_ids=dict(zip(sample_req_ids, tokens, strict=True)),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             encoder_seconds=self.encoder.encoder_seconds - seconds,
             num_images_encoded=self.encoder.num_images_encoded - images,
             encoded_instead=frozenset(self.encoder.encoded_instead),
         )
+
+    def _forward(self, batch: FlatBatch) -> torch.Tensor:
+        """The eager forward of a flat batch: hidden states of every row."""
+        embeds = self.model.embed(batch.token_ids)
+        deepstack = None
+        if batch.mm_src:
+            rows = torch.cat(batch.mm_src).to(embeds.dtype)
+            if self.deepstack:  # wide rows: main embedding, then the DeepStack features
+                width = embeds.shape[1]
+                deepstack = DeepstackInputs(batch.mm_dst, rows[:, width:])
+                rows = rows[:, :width]
+            embeds[batch.mm_dst] = rows
+        return self.model(embeds, batch.positions, self.kv_cache, batch.meta, deepstack)
+
+    def _run_decode_graphs(self, sched: SchedulerOutput) -> tuple[torch.Tensor, list[str]] | None:
+        """A decode-only step's last hidden states and request ids from the graphs; None when
+        the step runs eagerly. If the graphs raise, they are turned off (one warning) and the
+        step runs eagerly: it rewrites the same KV slots, so nothing they wrote matters."""
+        graphs = self.graphs
+        if graphs is None or not graphs.enabled:
+            return None
+        rows = decode_rows(sched, self.states, graphs.config.max_batch, graphs.config.max_context)
+        if rows is None:
+            return None
+        try:
+            return graphs.run(rows), rows.req_ids
+        except Exception as exc:  # a bug in the fixed-shape path costs speed, not the step
+            graphs.enabled = False
+            why = (str(exc).splitlines() or [""])[0][:200]
+            logger.warning(
+                "decode graphs: off, decode runs eagerly (%s: %s)", type(exc).__name__, why
+            )
+            return None
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, prompt_rows: list[tuple[str, int, int, int]]

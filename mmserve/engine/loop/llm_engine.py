@@ -24,6 +24,7 @@ from mmserve.engine.output.fanout import FanOut
 from mmserve.engine.output.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.setup.cache_setup import allocate_kv_cache, build_scheduler, size_caches
+from mmserve.engine.setup.graph_setup import build_decode_graphs, usable_graph_config
 from mmserve.engine.setup.loading import (
     create_engine_config,
     load_model,
@@ -76,9 +77,17 @@ class LLMEngine:
             probe = torch.zeros(1, mc.hidden_size, dtype=torch_dtype(mc.dtype), device=self.device)
             self.vocab_size = int(self.model.compute_logits(probe).shape[-1])
         self.grammar = GrammarCompiler(self.tokenizer, self.vocab_size, mc.eos_token_ids)
-        sizes = size_caches(config, self.model, self.device, self.processor)
+        graph_config = usable_graph_config(config, self.model)
+        sizes = size_caches(config, self.model, self.device, self.processor, graph_config)
         self.max_model_len = mc.max_model_len
-        self.kv_cache = allocate_kv_cache(config, self.model, self.device, sizes.num_kv_blocks)
+        # with decode graphs, one block more than the scheduler's: the padding rows' pad block
+        spare = 0 if graph_config is None else 1
+        self.kv_cache = allocate_kv_cache(
+            config, self.model, self.device, sizes.num_kv_blocks + spare
+        )
+        self.decode_graphs = build_decode_graphs(
+            graph_config, self.model, self.kv_cache, sizes.num_kv_blocks, self.device
+        )
         self._sizes = sizes
         self._backend = select_attention_backend(
             config.attention_backend,
@@ -111,6 +120,7 @@ class LLMEngine:
             config.seed,
             self._backend,
             frozenset(mc.eos_token_ids),
+            self.decode_graphs,
         )
         self.runner.encoder.sink = store
         self.stepper = IsolatingStepper(self.scheduler, self.runner)

@@ -14,6 +14,7 @@ from mmserve.core.kv_cache_manager import KVCacheManager
 from mmserve.core.scheduler import Scheduler
 from mmserve.engine.setup.loading import torch_dtype
 from mmserve.engine.setup.memory_profile import num_kv_blocks
+from mmserve.graph_config import DecodeGraphConfig
 from mmserve.layers.attention import PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.multimodal.budget import compute_encoder_budget, encoder_cache_capacity
@@ -30,14 +31,20 @@ class CacheSizes:
 
 
 def size_caches(
-    config: EngineConfig, model: VisionLanguageModel, device: torch.device, processor: Any
+    config: EngineConfig,
+    model: VisionLanguageModel,
+    device: torch.device,
+    processor: Any,
+    decode_graphs: DecodeGraphConfig | None = None,
 ) -> CacheSizes:
-    """Size the caches (``num_kv_blocks`` may run a profiling pass on CUDA); ValueError when
-    the KV cache cannot hold ``max_model_len`` tokens."""
+    """Size the caches (``num_kv_blocks`` may run a profiling pass on CUDA, which counts the
+    ``decode_graphs``); ValueError when the KV cache cannot hold ``max_model_len`` tokens."""
     mc, sc, cc = config.model, config.scheduler, config.cache
     encoder_budget, _ = compute_encoder_budget(mc, sc)
     capacity = encoder_cache_capacity(mc, sc, cc)
-    num_blocks = num_kv_blocks(config, model, device, capacity, encoder_budget, processor)
+    num_blocks = num_kv_blocks(
+        config, model, device, capacity, encoder_budget, processor, None, decode_graphs
+    )
     if mc.max_model_len > num_blocks * cc.block_size:
         raise ValueError(
             f"max_model_len={mc.max_model_len} is more than the KV cache holds"

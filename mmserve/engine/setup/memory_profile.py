@@ -3,8 +3,10 @@
 One profiling pass runs what a step can run at most: an LM prefill of the whole token budget
 (logits for ``max_num_seqs`` rows) and one encoder batch of the whole encoder budget (a
 1024 x 1024 dummy image, repeated). The allocator's peak above the weights is the activation
-headroom ``MemoryPlan`` keeps free. The probe is an interface so the pass itself is tested on
-CPU with a fake one.
+headroom ``MemoryPlan`` keeps free. With decode graphs, a second pass runs their largest
+bucket eagerly: the graphs are captured after the KV cache is allocated (they read it), so
+their memory is planned from this pass. The probe is an interface so the pass itself is
+tested on CPU with a fake one.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from PIL import Image
 from mmserve.config import EngineConfig
 from mmserve.engine.setup.loading import torch_dtype
 from mmserve.engine.setup.memory_plan import DeviceMemoryUsage, MemoryPlan
+from mmserve.graph_config import DecodeGraphConfig
 from mmserve.layers.attention import AttentionMetadata, PagedKVCache
 from mmserve.models.interface import VisionLanguageModel
+from mmserve.worker.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ def profile_memory(
     dtype: torch.dtype,
     device: torch.device,
     dummy_image_data: list[Any],
+    decode_graphs: DecodeGraphConfig | None = None,
 ) -> DeviceMemoryUsage:
     """Run the profiling pass and read the probe around it (the weights are loaded)."""
     free, total = probe.free_and_total()
@@ -92,7 +97,32 @@ def profile_memory(
         if dummy_image_data:
             model.encode_images(dummy_image_data)
     peak = probe.peak_allocated()
-    return DeviceMemoryUsage(total, used_elsewhere, weights, max(0, peak - base))
+    graphs = 0
+    if decode_graphs is not None:
+        pad_block = PagedKVCache.bytes_per_block(
+            model.num_layers, block_size, model.num_kv_heads, model.head_dim, dtype.itemsize
+        )
+        graphs = pad_block + _graph_memory(model, cache, decode_graphs, probe, device)
+    return DeviceMemoryUsage(total, used_elsewhere, weights, max(0, peak - base), graphs)
+
+
+def _graph_memory(
+    model: VisionLanguageModel,
+    cache: PagedKVCache,
+    config: DecodeGraphConfig,
+    probe: MemoryProbe,
+    device: torch.device,
+) -> int:
+    """The graphs' buffers and the largest bucket's peak: the pool the graphs share, captured
+    largest first (block 0 of the scratch cache stands in for the pad block)."""
+    base = probe.allocated()
+    probe.reset_peak()
+    graphs = DecodeGraphs(model, cache, config, 0, device)
+    with torch.inference_mode():
+        graphs.run_largest()
+    used = probe.peak_allocated() - base
+    del graphs
+    return max(0, used)
 
 
 def _lm_prefill(
@@ -139,10 +169,12 @@ def num_kv_blocks(
     encoder_budget: int,
     processor: Any,
     probe: MemoryProbe | None = None,
+    decode_graphs: DecodeGraphConfig | None = None,
 ) -> int:
     """``num_kv_blocks`` when set; on CUDA (or with a ``probe``) what the device's memory
-    leaves after a profiling pass (``MemoryPlan``, logged); on CPU what ``kv_cache_memory``
-    holds. Always at most max_num_seqs full-length sequences."""
+    leaves after a profiling pass (``MemoryPlan``, logged; ``decode_graphs`` counted); on CPU
+    what ``kv_cache_memory`` holds. Always at most max_num_seqs full-length sequences (the
+    graphs' pad block comes on top)."""
     cc, mc, sc = config.cache, config.model, config.scheduler
     if cc.num_kv_blocks is not None:
         return cc.num_kv_blocks
@@ -171,6 +203,7 @@ def num_kv_blocks(
         dtype=torch_dtype(mc.dtype),
         device=device,
         dummy_image_data=images,
+        decode_graphs=decode_graphs,
     )
     encoder_cache_bytes = encoder_cache_capacity * mc.bytes_per_embedding
     plan = MemoryPlan.of(

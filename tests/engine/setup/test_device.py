@@ -10,10 +10,12 @@ import torch
 from mmserve.engine.setup.device import resolve_device
 from mmserve.engine.setup.loading import create_engine_config
 from mmserve.engine.setup.memory_plan import DeviceMemoryUsage, MemoryPlan
-from mmserve.engine.setup.memory_profile import num_kv_blocks
+from mmserve.engine.setup.memory_profile import num_kv_blocks, profile_memory
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.llm import LLM
+from mmserve.graph_config import DecodeGraphConfig
 from mmserve.sampling_params import SamplingParams
+from mmserve.worker.cuda_graphs import DecodeGraphs
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -170,3 +172,39 @@ def test_the_profiling_pass_runs_the_lm_and_the_encoder_and_sizes_the_cache(mode
         engine.processor, tight,
     )  # fmt: skip
     assert tight_blocks == 19  # 20 blocks minus 7 bytes: whole blocks only
+
+
+def test_the_plan_keeps_room_for_the_decode_graphs() -> None:
+    graphs = DeviceMemoryUsage(**{**USAGE.__dict__, "cuda_graphs": 2 * GiB})
+    without = MemoryPlan.of(USAGE, 0.9, 1 * GiB, bytes_per_block=MiB, wanted_blocks=10**9)
+    plan = MemoryPlan.of(graphs, 0.9, 1 * GiB, bytes_per_block=MiB, wanted_blocks=10**9)
+    assert without.num_kv_blocks - plan.num_kv_blocks == 2 * GiB // MiB
+    assert "CUDA graphs 2048 MiB" in plan.summary(block_size=16)
+    with pytest.raises(ValueError, match="CUDA graphs 2048 MiB"):
+        MemoryPlan.of(graphs, 0.3, 1 * GiB, bytes_per_block=MiB, wanted_blocks=10)
+
+
+def test_the_profiling_pass_measures_the_largest_graph_bucket_and_the_pad_block() -> None:
+    llm = LLM("tiny-qwen2-vl", max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4)
+    engine = llm.engine
+    graphs = DecodeGraphConfig((1, 2, 4), (256,), engine.config.cache.block_size, capture=False)
+    runs: list[int] = []
+    forward = DecodeGraphs._forward
+
+    def counting(self: DecodeGraphs, count: int, context: int) -> None:
+        runs.append(count * context)
+        forward(self, count, context)
+
+    probe = FakeProbe(total=4 * GiB, weights=GiB, activations=256 * MiB)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DecodeGraphs, "_forward", counting)
+        usage = profile_memory(
+            engine.model, probe, num_tokens=64, num_logit_rows=4, block_size=16,
+            dtype=torch.float32, device=engine.device, dummy_image_data=[],
+            decode_graphs=graphs,
+        )  # fmt: skip
+    pad_block = 2 * engine.model.num_layers * 16 * engine.model.num_kv_heads
+    pad_block *= engine.model.head_dim * 4
+    assert runs == [4 * 256] and probe.resets == 2  # one eager run of the largest bucket
+    assert usage.cuda_graphs == 256 * MiB + pad_block  # the fake probe's peak, again
+    assert usage.peak_activations == 256 * MiB
