@@ -20,6 +20,7 @@ from mmserve.worker.decode_rows import DecodeRows
 
 PAD_TOKEN = 0
 CHECK_TOKEN, CHECK_POSITION = 1, 3  # the capture check's input (any token, any position)
+CHECK_TOLERANCE = 0.05  # relative error of a replay against eager: rounding, not stale inputs
 
 
 class DecodeGraphs:
@@ -130,11 +131,11 @@ class DecodeGraphs:
         expected = self.hidden[:count].clone()
         self.hidden[:count].zero_()
         self._graphs[key].replay()
-        got = self.hidden[:count]
+        got = self.hidden[:count].float()
         self._pad_rows()
-        if not torch.allclose(got.float(), expected.float(), rtol=1e-2, atol=1e-2):
-            diff = (got.float() - expected.float()).abs().max().item()
-            raise RuntimeError(f"graph {key} replays differently from eager (max diff {diff})")
+        error = ((got - expected.float()).norm() / expected.float().norm().clamp(min=1e-6)).item()
+        if not error < CHECK_TOLERANCE:  # NaN fails too
+            raise RuntimeError(f"graph {key} replays differently from eager (rel. error {error})")
 
     def _pad_rows(self) -> None:
         self.rows[:, 0] = PAD_TOKEN

@@ -51,6 +51,10 @@ def test_limits_and_parity_are_measured(dry_run) -> None:
     assert limits["bandwidth_gb_s"] > 0.01 and limits["bf16_matmul_tflop_s"] > 0
     parity = stages_["parity:tiny-qwen2-vl"]["result"]
     assert parity["passed"] and parity["float32"]["identical"]
+    for dtype in ("float32", "bfloat16"):  # the same engine decoded again without its graphs
+        graphs = parity[dtype]["graphs"]
+        assert graphs["mode"] == "static" and graphs["steps"] > 0
+        assert graphs["identical_to_eager"] and graphs["close_to_eager"]
     assert parity["float32"]["equal_prefix"] == [DRY_RUN.parity_tokens] * parity["requests"]
     pytest_result = stages_["pytest"]["result"]
     assert pytest_result["passed"] > 0 and pytest_result["failures"] == 0
@@ -65,6 +69,13 @@ def test_both_engines_are_benchmarked_with_sane_numbers(dry_run) -> None:
         assert 0 < numbers["load_s"] < 120 and 0 < numbers["ttft_s"] < 60
         for batch in DRY_RUN.decode_batches:
             assert numbers[f"decode_b{batch}_tok_s"] > 0
+    # mmserve decoded with its graphs (on CPU: the padded static path), then without them
+    graphs = bench["mmserve"]["cuda_graphs"]
+    assert graphs["mode"] == "static" and graphs["graphs"] == 0  # nothing captured on CPU
+    assert graphs["decode_steps"] >= len(DRY_RUN.decode_batches) * (DRY_RUN.decode_tokens - 1)
+    for batch in DRY_RUN.decode_batches:
+        assert bench["mmserve"][f"decode_b{batch}_eager_tok_s"] > 0
+        assert f"decode_b{batch}_eager_tok_s" not in bench["transformers"]
         assert len(numbers["multiturn_ttft_s"]) == DRY_RUN.turns
         assert numbers["reuse_0_req_s"] > 0 and numbers["reuse_30_req_s"] > 0
     # the encoder cache at work: one new image per turn, each distinct image once
@@ -83,6 +94,9 @@ def test_the_markdown_has_the_stage_parity_and_benchmark_tables(dry_run) -> None
     assert "| tiny-qwen2-vl | True | True |" in markdown
     assert "### tiny-qwen2-vl (float32," in markdown
     for label in ("TTFT, one new image (s)", "decode tok/s, batch 4",
+                  "decode tok/s, batch 4, eager (no decode graphs)",
                   "throughput req/s, 30 % image reuse",
                   "multi-turn TTFT, turn 2 (s)"):  # fmt: skip
         assert f"| {label} |" in markdown
+    assert "Decode graphs: the padded static-shape path (no capture off CUDA) ran" in markdown
+    assert "| static (" in markdown  # the parity table's graphs column

@@ -15,6 +15,7 @@ from mmserve import LLM, SamplingParams
 from mmserve.engine.setup.graph_setup import build_decode_graphs
 from mmserve.graph_config import DecodeGraphConfig
 from mmserve.inputs import PromptInput
+from mmserve.worker.cuda_graphs import DecodeGraphs
 from tests.models.test_qwen2_vl import chat_prompt
 from tests.support.engine import assert_no_leaks, engine_device
 
@@ -121,14 +122,19 @@ def test_padding_rows_write_only_the_pad_block(images) -> None:
     assert graph_steps == GREEDY.max_tokens - 1 and pad_written
 
 
-def test_a_failed_capture_is_one_warning_and_an_eager_engine(caplog) -> None:
+def test_a_failed_capture_is_one_warning_and_an_eager_engine(caplog, monkeypatch) -> None:
     llm = LLM("tiny-llava", dtype="float32", enforce_eager=True)
     eng = llm.engine
     config = DecodeGraphConfig((1, 2), (256,), eng.config.cache.block_size, capture=True)
     caplog.set_level(logging.INFO)
     blocks = eng.kv_cache.keys[0].shape[0] // eng.config.cache.block_size
-    # here the capture itself fails (no CUDA on a CPU device), as any capture error would
-    graphs = build_decode_graphs(config, eng.model, eng.kv_cache, blocks - 1, torch.device("cpu"))
+
+    def mismatch(self, key) -> None:
+        raise RuntimeError(f"graph {key} replays differently from eager")
+
+    # on CUDA the first graph's check fails; on a CPU the capture itself (no CUDA)
+    monkeypatch.setattr(DecodeGraphs, "_check", mismatch)
+    graphs = build_decode_graphs(config, eng.model, eng.kv_cache, blocks - 1, eng.device)
     assert graphs is None
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "capture failed, decode runs eagerly" in warnings[0].message

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,7 +28,8 @@ STORY = "Write a long story about a lighthouse keeper and the ships she watches.
 
 def mmserve_engine(profile: Profile, model: str, dtype: str) -> LLM:
     """mmserve with its caches on, sized for the profile (a fraction of the GPU's memory on
-    CUDA, so a transformers model fits beside what is not yet freed)."""
+    CUDA, so a transformers model fits beside what is not yet freed), and its decode graphs
+    on (``enforce_eager=False``: captured on CUDA, the padded static path on CPU)."""
     memory: dict[str, Any] = (
         {"gpu_memory_utilization": profile.gpu_memory_utilization}
         if profile.device.startswith("cuda")
@@ -40,8 +43,39 @@ def mmserve_engine(profile: Profile, model: str, dtype: str) -> LLM:
         max_model_len=profile.max_model_len,
         processor_kwargs=processor_kwargs_for(model, None),
         limit_mm_per_prompt={"image": max(profile.turns, 2)},
+        enforce_eager=False,
         **memory,
     )
+
+
+def graph_record(llm: LLM) -> dict[str, Any]:
+    """What the engine's decode graphs are: ``mode`` captured (CUDA), static (the padded path
+    without capture) or off (none, or their capture failed: the log says why), how many,
+    the capture's seconds, and the decode steps they ran so far."""
+    graphs = llm.engine.decode_graphs
+    if graphs is None:
+        return {"mode": "off", "graphs": 0, "capture_s": 0.0, "steps": 0}
+    return {
+        "mode": "captured" if graphs.config.capture else "static",
+        "graphs": graphs.num_graphs,
+        "capture_s": graphs.capture_seconds,
+        "steps": graphs.steps,
+    }
+
+
+@contextmanager
+def eager_decode(llm: LLM) -> Iterator[bool]:
+    """Decode without the graphs inside the block (True when there were graphs to turn
+    off)."""
+    graphs = llm.engine.decode_graphs
+    if graphs is None:
+        yield False
+        return
+    enabled, graphs.enabled = graphs.enabled, False
+    try:
+        yield True
+    finally:
+        graphs.enabled = enabled
 
 
 def reference(profile: Profile, model: str, dtype: str) -> HFReference:

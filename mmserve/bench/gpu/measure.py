@@ -7,7 +7,10 @@ on:
 - ``ttft_s``: one chat request about a new image, from the call (preprocessing included) to
   the first token; median of ``ttft_repeats``, after a warm-up request;
 - ``decode_b{B}_tok_s``: B copies of a text prompt, ``decode_tokens`` tokens each: tokens after
-  the first over the time after the last first token;
+  the first over the time after the last first token; mmserve with its decode graphs (CUDA
+  graphs; on CPU the padded static path), then ``decode_b{B}_eager_tok_s`` on the same
+  engine without them, and ``cuda_graphs`` (``graph_record``: mode, count, capture seconds,
+  and ``decode_steps``, the steps they ran during the decode measurement);
 - ``multiturn_ttft_s``: TTFT of each turn of one chat that adds a new image per turn
   (``bench multiturn``'s conversation);
 - ``reuse_{P}_req_s``: ``reuse_requests`` requests submitted at once, P % repeating an earlier
@@ -22,6 +25,8 @@ from typing import Any
 
 from mmserve import LLM, SamplingParams
 from mmserve.bench.gpu.engines import (
+    eager_decode,
+    graph_record,
     image_requests,
     mmserve_engine,
     parameter_counts,
@@ -45,6 +50,20 @@ def _decode_rate(batch: int, tokens: int, last_first_token: float, end: float) -
     return batch * (tokens - 1) / max(end - last_first_token, 1e-9)
 
 
+def _decode(llm: LLM, profile: Profile, prompt: str, suffix: str = "") -> dict[str, float]:
+    params = SamplingParams(temperature=0, max_tokens=profile.decode_tokens, ignore_eos=True)
+    warm = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    out = {}
+    for batch in profile.decode_batches:
+        llm.generate([prompt] * batch, warm, use_tqdm=False)  # first-call costs of the shapes
+        outs = llm.generate([prompt] * batch, params, use_tqdm=False)
+        end = time.monotonic()
+        first = max(o.metrics["first_token_time"] for o in outs)
+        rate = _decode_rate(batch, profile.decode_tokens, first, end)
+        out[f"decode_b{batch}{suffix}_tok_s"] = rate
+    return out
+
+
 def _mmserve(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
     start = time.perf_counter()
     llm = mmserve_engine(profile, model, profile.bench_dtype)
@@ -56,12 +75,13 @@ def _mmserve(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
     out["ttft_s"] = statistics.median(ttft["ttfts"])
     out["ttft_all_s"] = ttft["ttfts"]
     prompt = text_prompt(work)
-    params = SamplingParams(temperature=0, max_tokens=profile.decode_tokens, ignore_eos=True)
-    for batch in profile.decode_batches:
-        outs = llm.generate([prompt] * batch, params, use_tqdm=False)
-        end = time.monotonic()
-        first = max(o.metrics["first_token_time"] for o in outs)
-        out[f"decode_b{batch}_tok_s"] = _decode_rate(batch, profile.decode_tokens, first, end)
+    graphs = graph_record(llm)
+    out.update(_decode(llm, profile, prompt))
+    graphs["decode_steps"] = graph_record(llm)["steps"] - graphs.pop("steps")
+    out["cuda_graphs"] = graphs
+    with eager_decode(llm) as had_graphs:
+        if had_graphs:
+            out.update(_decode(llm, profile, prompt, "_eager"))
     out.update(_multiturn(MmserveRunner.wrapping(llm), profile))
     out.update(_reuse(llm, work, profile))
     one = llm.generate(

@@ -69,6 +69,7 @@ GPU = Profile(
         "tests/engine/test_engine_parity.py",
         "tests/models/test_bf16_closeness.py",
         "tests/layers/test_attention_flex.py",
+        "tests/worker/test_decode_graphs.py",
         "--device",
         "cuda",
     ),

@@ -9,10 +9,12 @@ model's matmuls only: vision tower and attention left out, so the floor is optim
 
 from __future__ import annotations
 
+import re
 from itertools import zip_longest
 from typing import Any
 
 BYTES_PER_PARAM = {"bfloat16": 2, "float16": 2, "float32": 4}
+DECODE_KEY = re.compile(r"decode_b(\d+)(_eager)?_tok_s")  # with decode graphs, or without
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -32,8 +34,9 @@ def limits_of(bench: dict[str, Any], limits: dict[str, Any] | None) -> dict[str,
     rate = limits["bf16_matmul_tflop_s"] * 1e12
     out: dict[str, float] = {}
     for key in bench["mmserve"]:
-        if key.startswith("decode_b") and key.endswith("_tok_s"):
-            batch = int(key[len("decode_b") : -len("_tok_s")])
+        decode = DECODE_KEY.fullmatch(key)
+        if decode:
+            batch = int(decode.group(1))
             out[key] = min(
                 batch * bandwidth / (BYTES_PER_PARAM[bench["dtype"]] * lm), rate / (2 * lm)
             )
@@ -55,7 +58,7 @@ def bench_rows(bench: dict[str, Any], limits: dict[str, Any] | None) -> list[str
     ours, theirs = bench["mmserve"], bench.get("transformers", {})
     bounds = limits_of(bench, limits)
     rows = list(ROWS)
-    rows += [(k, f"decode tok/s, batch {k[8:-6]}", False) for k in ours if k.startswith("decode_b")]
+    rows += [(k, _decode_label(k), False) for k in ours if DECODE_KEY.fullmatch(k)]
     rows += [
         (k, f"throughput req/s, {k.split('_')[1]} % image reuse", False)
         for k in ours
@@ -77,6 +80,32 @@ def bench_rows(bench: dict[str, Any], limits: dict[str, Any] | None) -> list[str
             f"{_num(b / a if a and b else None)}x | – | – |"
         )
     return lines
+
+
+def _decode_label(key: str) -> str:
+    decode = DECODE_KEY.fullmatch(key)
+    assert decode is not None
+    eager = ", eager (no decode graphs)" if decode.group(2) else ""
+    return f"decode tok/s, batch {decode.group(1)}{eager}"
+
+
+def graphs_line(bench: dict[str, Any]) -> str:
+    """What mmserve's decode numbers ran on (``measure.graph_record``)."""
+    g = bench["mmserve"].get("cuda_graphs")
+    if not g:
+        return "Decode graphs: not recorded."
+    if g["mode"] == "off":
+        return (
+            "Decode graphs: off (none, or their capture failed: see gpu.log); decode ran eagerly."
+        )
+    if g["mode"] == "captured":
+        how = f"{g['graphs']} CUDA graphs, captured in {g['capture_s']:.2f} s,"
+    else:
+        how = "the padded static-shape path (no capture off CUDA)"
+    return (
+        f"Decode graphs: {how} ran {g['decode_steps']} decode steps of the decode rows;"
+        " the eager rows turn them off on the same engine."
+    )
 
 
 def render(results: dict[str, Any]) -> str:
@@ -111,15 +140,19 @@ def render(results: dict[str, Any]) -> str:
     if parity:
         lines += [
             "",
-            "| parity | float32 token-identical | bfloat16 close | equal prefix f32 / bf16 |",
-            "|---|---|---|---|",
+            "| parity | float32 token-identical | bfloat16 close | equal prefix f32 / bf16 "
+            "| decode graphs | graphs = eager: f32 identical / bf16 close |",
+            "|---|---|---|---|---|---|",
         ]
         for s in parity:
             r = s["result"]
             f32, bf16 = r["float32"], r["bfloat16"]
+            g32, g16 = f32.get("graphs", {}), bf16.get("graphs", {})
             lines.append(
                 f"| {s['model']} | {f32['identical']} | {bf16['close']} | "
-                f"{f32['equal_prefix']} / {bf16['equal_prefix']} of {r['tokens']} |"
+                f"{f32['equal_prefix']} / {bf16['equal_prefix']} of {r['tokens']} | "
+                f"{g32.get('mode', '–')} ({g32.get('steps', 0)} steps) | "
+                f"{g32.get('identical_to_eager', '–')} / {g16.get('close_to_eager', '–')} |"
             )
     for s in stages:
         if s["kind"] == "bench" and s["status"] == "ok":
@@ -132,6 +165,8 @@ def render(results: dict[str, Any]) -> str:
                 "transformers | limit | mmserve at % of limit |",
                 "|---|---|---|---|---|---|",
                 *bench_rows(r, limits),
+                "",
+                graphs_line(r),
             ]
     return "\n".join(lines) + "\n"
 
@@ -151,7 +186,9 @@ def summary(results: dict[str, Any]) -> str:
         if s["kind"] == "bench" and s["status"] == "ok":
             m, t = s["result"]["mmserve"], s["result"]["transformers"]
             decode = ", ".join(
-                f"{k[7:-6]} {_num(m[k])} ({_num(t.get(k))})" for k in m if k.startswith("decode_b")
+                f"b{d[1]}{' eager' if d[2] else ''} {_num(m[k])} ({_num(t.get(k))})"
+                for k in m
+                if (d := DECODE_KEY.fullmatch(k))
             )
             lines.append(
                 f"  {s['model']}: load {_num(m['load_s'])} s ({_num(t['load_s'])}), "
