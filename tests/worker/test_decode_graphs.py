@@ -83,6 +83,8 @@ def test_greedy_tokens_equal_the_eager_engines_in_padded_batches(model, device, 
         # every decode step of the full batch ran the graphs, padded to the bucket
         steps = sum(n for (rows, _), n in buckets.items() if rows == bucket)
         assert steps == GREEDY.max_tokens - 1, buckets
+    ran = graphs.engine.decode_graphs
+    assert ran.enabled and ran.steps == sum(buckets.values())  # no replay fell back
     assert_no_leaks(graphs)
 
 
@@ -176,3 +178,74 @@ def test_steps_that_are_not_decode_only_run_eagerly(images) -> None:
 @pytest.mark.skipif(engine_device() != "cpu", reason="the CPU's default")
 def test_cpu_defaults_to_eager() -> None:
     assert LLM("tiny-llava").engine.decode_graphs is None
+
+
+class FakeCuda:
+    """torch.cuda's graph API on the CPU: a graph "captures" the ``_forward`` call made inside
+    its ``torch.cuda.graph`` block and replays it by calling it again. Records what capture()
+    asked for (pools, streams, order)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.recording: FakeCuda.Graph | None = None
+        self.captures: list[tuple[object, object, tuple[int, int]]] = []
+        fake = self
+        forward = DecodeGraphs._forward
+
+        class Graph:
+            def __init__(self) -> None:
+                self.call: tuple[DecodeGraphs, int, int] | None = None
+
+            def replay(self) -> None:
+                assert self.call is not None
+                forward(*self.call)
+
+        class GraphContext:
+            def __init__(self, graph: Graph, pool: object = None, stream: object = None) -> None:
+                self.graph, self.pool, self.stream = graph, pool, stream
+
+            def __enter__(self) -> None:
+                fake.recording = self.graph
+
+            def __exit__(self, *exc: object) -> None:
+                fake.recording = None
+                assert self.graph.call is not None
+                fake.captures.append((self.pool, self.stream, self.graph.call[1:]))
+
+        def recording_forward(graphs: DecodeGraphs, count: int, context: int) -> None:
+            if fake.recording is not None:
+                fake.recording.call = (graphs, count, context)
+            forward(graphs, count, context)
+
+        self.Graph = Graph
+        monkeypatch.setattr(DecodeGraphs, "_forward", recording_forward)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", GraphContext)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device: "stream")
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_capture_runs_largest_first_into_one_pool_and_the_engine_decodes_on_it(
+    images, monkeypatch
+) -> None:
+    if engine_device() != "cpu":
+        pytest.skip("fakes torch.cuda's graph API on the CPU")
+    fake = FakeCuda(monkeypatch)
+    eager = engine("tiny-qwen2-vl", "cpu", True)
+    llm = engine("tiny-qwen2-vl", "cpu", False)
+    eng = llm.engine
+    config = DecodeGraphConfig((1, 2, 4), (256, 512), eng.config.cache.block_size, capture=True)
+    pad = eng.kv_cache.keys[0].shape[0] // eng.config.cache.block_size - 1
+    graphs = build_decode_graphs(config, eng.model, eng.kv_cache, pad, eng.device)
+    assert graphs is not None and graphs.num_graphs == 6
+    keys = [key for _, _, key in fake.captures]
+    assert keys == [(4, 512), (4, 256), (2, 512), (2, 256), (1, 512), (1, 256)]  # by size
+    assert {(pool, stream) for pool, stream, _ in fake.captures} == {("pool", "stream")}
+    eng.decode_graphs = graphs
+    eng.runner.graphs = graphs
+    batch = prompts("tiny-qwen2-vl", images, 3)
+    want = [o.outputs[0].token_ids for o in eager.generate(batch, GREEDY, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in llm.generate(batch, GREEDY, use_tqdm=False)]
+    assert got == want and graphs.steps == GREEDY.max_tokens - 1 and graphs.enabled
