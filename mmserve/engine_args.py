@@ -166,8 +166,9 @@ class EngineArgs:
         64, "encoder store write-behind queue length (full: writes are dropped and counted)"
     )
     encoder_store_lease_ms: int = arg_field(
-        2000, "with L3: how long the replica that misses a new image first may take to store"
-        " its encoding while the others wait for it, at most (0: each replica encodes)",
+        2000, "with L3: lifetime of the encode lease of the replica that misses a new image"
+        " first (renewed while it encodes; how long a dead holder keeps the others waiting;"
+        " 0: each replica encodes)",
     )  # fmt: skip
     tensor_parallel_size: int = arg_field(
         1, "vLLM compatibility: mmserve runs a model on one device, so only 1 is accepted",

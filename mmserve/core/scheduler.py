@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.encoder_scheduling import (
@@ -89,6 +89,7 @@ class Scheduler:
         self._journal = StepJournal()
         self._budget = StepBudget(max_num_batched_tokens, encoder_compute_budget)
         self.counters: Counter[str] = Counter()
+        self.on_finish: Callable[[Request], None] | None = None  # told of each request's end
 
     # ---- request lifecycle -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -126,6 +127,8 @@ class Scheduler:
         self.worker.ended(request.req_id)
         request.status = status
         del self.requests[request.req_id]
+        if self.on_finish is not None:
+            self.on_finish(request)
 
     def _preempt(self, request: Request) -> None:
         self._journal.forget(request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ import torch
 from mmserve.inputs import MultiModalItem
 from mmserve.store.codec import CorruptEntry, StoreCodec
 from mmserve.store.disk import DiskTier
+from mmserve.store.election import LeaseElection
 from mmserve.store.held import HeldKeys
 from mmserve.store.keys import StoreKeyer
 from mmserve.store.lease import EncodeLease
@@ -22,7 +24,6 @@ from mmserve.store.lookup import LookupResult, StoreLookup
 from mmserve.store.metrics import StoreMetrics
 from mmserve.store.ram import RamTier
 from mmserve.store.redis_tier import RedisTier, TierUnavailable
-from mmserve.store.waits import LeaseWaits
 from mmserve.store.writer import WriteBehind
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ logger = logging.getLogger(__name__)
 ByteTier = DiskTier | RedisTier
 ERROR_LOG_INTERVAL_S = 60.0
 EXIT_FLUSH_S = 10.0
-MAX_LEASES_WAITED = 2  # a wait outlasting this many lease lifetimes ends in a local encode
 
 
 class EncoderStore:
@@ -52,9 +52,10 @@ class EncoderStore:
     - with Redis and ``lease_ms`` > 0, a lookup that misses every tier takes the item's
       encode lease (``EncodeLease``) and answers a miss (encode here), unless another replica
       holds it: then it answers that replica's future result (``LeaseWaits``: the stored
-      embedding, or None to encode here once the lease ended without one); the holder
-      releases the lease after the item's write (or when nothing needs writing), and a lease
-      it never releases expires; a key whose lease this process holds is a plain miss, as the
+      embedding, or None to encode here once the lease ended without one); the holder renews
+      it while it lives (``EncodeLease``) and releases it after the item's write (or when
+      nothing needs writing, or ``abandoned``: no request wants it any more), and a lease it
+      never releases expires; a key whose lease this process holds is a plain miss, as the
       encoder cache deduplicates within a process;
     - nothing here raises into the caller for a tier's failure.
     """
@@ -92,7 +93,8 @@ class EncoderStore:
         self._closed = False
         redis = next((t for t in self.tiers if isinstance(t, RedisTier)), None)
         self.lease = EncodeLease(redis, lease_ms) if redis is not None and lease_ms > 0 else None
-        self.waits = LeaseWaits(self._poll_wait, MAX_LEASES_WAITED * lease_ms / 1000, self.metrics)
+        self.election = LeaseElection(self.lease, self._read, self._tier_error, self.metrics)
+        self.waits = self.election.waits
 
     # ---- lookups ---------------------------------------------------------------------
     def lookup(
@@ -138,48 +140,19 @@ class EncoderStore:
         tensor = self._read(skey, rows)
         if tensor is not None or self.lease is None:
             return tensor
-        return self._elect(self.lease, skey, rows)
+        return self.election.elect(self.lease, skey, rows)
 
-    def _elect(self, lease: EncodeLease, skey: str, rows: int) -> LookupResult:
-        """Every tier missed: take the encode lease (None: encode here), else wait for the
-        holder's result. A failed Redis call is a miss (encode here)."""
-        if lease.holds(skey):
-            return None  # this process encodes it: its encoder cache serves the others
-        try:
-            if not lease.acquire(skey):
-                return self.waits.watch(skey, rows)
-        except Exception as exc:
-            self._tier_error(lease.tier.name, exc)
-            return None
-        self.metrics.add("lease_acquired")
-        tensor = self._read(skey, rows)  # stored and released since the read above?
-        if tensor is not None:
-            self._release(skey)
-        return tensor
-
-    def _poll_wait(self, skey: str, rows: int) -> tuple[bool, torch.Tensor | None]:
-        """One poll of a wait (``LeaseWaits``): ended once the holder's lease is gone, with
-        the stored value, or with None once this process took the lease over."""
-        lease = self.lease
-        if lease is None or self._closed:
-            return True, None
-        try:
-            if lease.alive(skey):
-                return False, None
-            tensor = self._read(skey, rows)
-            if tensor is not None:
-                return True, tensor
-            return lease.holds(skey) or lease.acquire(skey), None
-        except Exception as exc:
-            self._tier_error(lease.tier.name, exc)
-            raise
-
-    def _release(self, skey: str) -> None:
-        if self.lease is not None:
-            try:
-                self.lease.release(skey)
-            except Exception as exc:
-                self._tier_error(self.lease.tier.name, exc)  # the lease expires instead
+    def abandoned(self, item_keys: Sequence[str]) -> None:
+        """No request of this process wants these items any more (those that ended before
+        their encode): the leases held for them and not released by a write are given back
+        in the background, so the waiting replicas take over now."""
+        if self.lease is None or not self.lease.holding:
+            return
+        for skey in {self.keyer.key(key) for key in item_keys}:
+            with self._pending_lock:
+                if skey in self._pending or not self.lease.holds(skey):
+                    continue  # not held, or its write releases it
+            self.writer.submit(functools.partial(self.election.release, skey))
 
     def _read(self, skey: str, rows: int) -> torch.Tensor | None:
         for tier in self.tiers:
@@ -244,8 +217,8 @@ class EncoderStore:
                 return  # its write is queued already (a re-encode racing its own write)
             tiers = [tier for tier in self.tiers if not self._holds(tier, skey)]
             if not tiers:
-                if self.lease is not None and self.lease.holds(skey):
-                    self.writer.submit(lambda: self._release(skey))
+                if self.election.holds(skey):
+                    self.writer.submit(lambda: self.election.release(skey))
                 return
             self._pending.add(skey)
         if not self.writer.submit(lambda: self._write(skey, tensor, tiers)):
@@ -273,7 +246,7 @@ class EncoderStore:
                 self._put(tier, skey, blob)
             self.metrics.add("writes")
         finally:
-            self._release(skey)
+            self.election.release(skey)
             self._done(skey)
 
     def _put(self, tier: ByteTier, skey: str, blob: bytes) -> None:
@@ -295,7 +268,7 @@ class EncoderStore:
         self._closed = True
         atexit.unregister(self.writer.flush)  # else every closed store lives until exit
         self.writer.close()
-        self.waits.close()
+        self.election.close()  # the leases of items never encoded here are given back
         self._pool.shutdown(wait=False, cancel_futures=True)
         for tier in self.tiers:
             if isinstance(tier, RedisTier):

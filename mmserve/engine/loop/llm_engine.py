@@ -37,7 +37,7 @@ from mmserve.inputs import MultiModalItem, PromptInput
 from mmserve.layers.attention import select_attention_backend
 from mmserve.multimodal.handles import HandleRecord
 from mmserve.multimodal.media.policy import MediaFetchPolicy
-from mmserve.request import RequestStatus
+from mmserve.request import Request, RequestStatus
 from mmserve.sampling_params import SamplingParams
 from mmserve.store import EncoderStore, open_encoder_store
 from mmserve.worker.model_runner import ModelRunner
@@ -123,6 +123,7 @@ class LLMEngine:
             self.decode_graphs,
         )
         self.runner.encoder.sink = store
+        self.scheduler.on_finish = self._request_ended
         self.stepper = IsolatingStepper(self.scheduler, self.runner)
         self.progress = ProgressMonitor(config.scheduler.stall_steps or default_stall_steps(config))
         self.outputs = OutputProcessor(self.detokenizer, self.scheduler.finish_requests)
@@ -232,6 +233,15 @@ class LLMEngine:
         if emb is None or emb.device.type == "cpu":
             return emb
         return emb.to("cpu")
+
+    def _request_ended(self, request: Request) -> None:
+        """Give back the encode leases held for ``request`` alone: those of items it ended
+        before encoding (aborted, failed), so the replicas waiting for them encode now."""
+        store = self.store
+        if store is None or store.lease is None or not store.lease.holding:
+            return
+        live = {item.key for other in self.scheduler.requests.values() for item in other.mm_items}
+        store.abandoned([item.key for item in request.mm_items if item.key not in live])
 
     def abort_request(self, req_ids: list[str]) -> None:
         """Abort requests by id; the id of an ``n > 1`` request aborts all its children."""
