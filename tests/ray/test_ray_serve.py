@@ -175,18 +175,20 @@ def test_errors_like_one_server(cluster: str, single: RunningServer, body: dict[
     assert mine.status_code in (400, 404)
 
 
-def test_a_media_handle_is_a_clear_400_through_the_ray_ingress(
+def test_without_a_shared_store_media_handles_are_a_clear_400_through_the_ray_ingress(
     cluster: str, single: RunningServer
 ) -> None:
-    """Handles are resolved by an engine's own admission, which the Ray ingress does not run:
-    a chat naming one, or an encode-ahead, is refused in one clear line (the single server
-    answers the same chat with an unknown handle), and the ingress keeps serving."""
+    """Without the replicas' shared Redis store a handle would live in one replica's memory,
+    out of the ingress' reach: a chat naming one, or an encode-ahead, is refused in one line
+    that says what to configure (the single server answers the same chat with an unknown
+    handle), and the ingress keeps serving."""
     part = {"type": "image_url", "image_url": {"url": "mmserve://" + "0" * 64}}
     body = {"model": MODEL, "messages": [{"role": "user", "content": [part]}], "max_tokens": 2}
     mine = httpx.post(f"{cluster}/v1/chat/completions", json=body, timeout=60)
     theirs = httpx.post(f"{single.url}/v1/chat/completions", json=body, timeout=60)
     assert (mine.status_code, theirs.status_code) == (400, 400)
     assert mine.json()["error"]["code"] == "media_handle_unsupported"
+    assert "--encoder-store-redis" in mine.json()["error"]["message"]
     assert theirs.json()["error"]["code"] == "media_handle_not_found"
     image = {"type": "image_url", "image_url": {"url": data_url(1)}}
     encoded = httpx.post(
@@ -371,6 +373,52 @@ def test_a_burst_for_one_new_image_encodes_once_across_replicas(
     assert total["encoder_store_loads"] > first.get("encoder_store_loads", 0), total
     reference = chat(single.url, messages, max_tokens=48, ignore_eos=True)
     assert answers == [reference["choices"][0]["message"]["content"]] * 8
+
+
+def handle_turn(handle: str, text: str) -> dict[str, Any]:
+    part = {"type": "image_url", "image_url": {"url": f"mmserve://{handle}"}}
+    return {"role": "user", "content": [part, {"type": "text", "text": text}]}
+
+
+def test_shared_store_encode_ahead_through_the_ingress_then_chat_by_handle_anywhere(
+    store_app: str, single: RunningServer
+) -> None:
+    """With the shared store the ingress routes /v1/mm/encode to a replica by the image's key;
+    the handle's record lands in Redis, so a burst of chats naming it, spread over both
+    replicas, encodes nothing and answers as the image itself does; another tenant's chat
+    naming it is refused as unknown."""
+    image = {"type": "image_url", "image_url": {"url": data_url(88)}}
+    before = cluster_stats(store_app)
+    r = httpx.post(
+        f"{store_app}/v1/mm/encode",
+        json={"model": MODEL, "content": [image], "cache_salt": "tenant-a"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    [item] = r.json()["items"]
+    encoded = cluster_stats(store_app)["total"]["encoder_images_encoded"]
+    assert encoded - before["total"]["encoder_images_encoded"] == 1
+    body = {"model": MODEL, "messages": [handle_turn(item["handle"], "Describe it.")]}
+    body.update(max_tokens=48, temperature=0, ignore_eos=True, cache_salt="tenant-a")
+
+    async def burst() -> list[str]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            calls = [client.post(f"{store_app}/v1/chat/completions", json=body) for _ in range(6)]
+            replies = await asyncio.gather(*calls)
+        assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
+        return [r.json()["choices"][0]["message"]["content"] for r in replies]
+
+    answers = asyncio.run(burst())
+    after = cluster_stats(store_app)
+    assert after["total"]["encoder_images_encoded"] == encoded, after["total"]
+    spills = after["routing"]["decisions"].get("spill", 0)
+    assert spills > before["routing"]["decisions"].get("spill", 0), after["routing"]
+    reference = chat(single.url, [user_turn([88], "Describe it.")], max_tokens=48, ignore_eos=True)
+    assert answers == [reference["choices"][0]["message"]["content"]] * 6
+    other = httpx.post(
+        f"{store_app}/v1/chat/completions", json={**body, "cache_salt": "tenant-b"}, timeout=60
+    )
+    assert other.status_code == 400 and other.json()["error"]["code"] == "media_handle_not_found"
 
 
 def test_flags_reach_the_deployments_unchanged() -> None:
