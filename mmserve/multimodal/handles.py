@@ -37,6 +37,10 @@ class MediaHandleError(ValueError):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self) -> tuple[type[MediaHandleError], tuple[str, str]]:
+        """Pickled with its code (a Ray replica's error reaches the ingress so)."""
+        return type(self), (str(self), self.code)
+
 
 @dataclass(frozen=True)
 class MediaHandle:

@@ -65,8 +65,7 @@ def open_encoder_store(
     if config.disk_dir is not None:
         tiers.append(DiskTier(config.disk_dir, config.disk_bytes))
     if config.redis_url is not None:
-        timeout_s = max(0.2, 4 * config.timeout_ms / 1000)
-        tiers.append(RedisTier(config.redis_url, config.ttl_s, timeout_s))
+        tiers.append(_redis_tier(config.redis_url, config))
     store = EncoderStore(
         StoreKeyer(fingerprint, dtype),
         StoreCodec(secret, torch_dtype),
@@ -83,3 +82,21 @@ def open_encoder_store(
         fingerprint[:16],
     )
     return store
+
+
+def open_shared_store(
+    config: EncoderStoreConfig, fingerprint: str, dtype: str, torch_dtype: torch.dtype
+) -> EncoderStore | None:
+    """The Redis tier alone (no L1, L2 or lease), keyed with ``fingerprint`` as the engines
+    computed it: what a process without the weights (the Ray ingress) needs to read the records
+    the engines share. None without Redis."""
+    if config.redis_url is None:
+        return None
+    secret = resolve_secret(config)
+    keyer, codec = StoreKeyer(fingerprint, dtype), StoreCodec(secret, torch_dtype)
+    tier = _redis_tier(config.redis_url, config)
+    return EncoderStore(keyer, codec, None, [tier], config.write_queue)
+
+
+def _redis_tier(url: str, config: EncoderStoreConfig) -> RedisTier:
+    return RedisTier(url, config.ttl_s, max(0.2, 4 * config.timeout_ms / 1000))

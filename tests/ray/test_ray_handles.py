@@ -12,6 +12,7 @@ import pytest
 from mmserve import LLM
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import chat_to_prompt
+from mmserve.entrypoints.ray.blanks import pack_blanks, unpack_blanks
 from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.inputs import PromptInput
 from mmserve.multimodal.handles import MediaHandleError
@@ -58,7 +59,11 @@ def test_the_ingress_resolves_a_replicas_handle_from_the_shared_store(shared) ->
     [handled], [plain] = by_handle.mm_items, sent.mm_items
     assert handled.key == plain.key and handled.hash.split("#", 1)[0] == item["handle"]
     assert handled.by_handle and not plain.by_handle  # the replica loads it, never encodes
-    assert len(pickle.dumps(by_handle)) < len(pickle.dumps(sent))  # no pixels go to a replica
+    # what the ingress sends a replica: no pixels, nor their blanked stand-ins' bytes
+    packed = pickle.loads(pickle.dumps(pack_blanks(by_handle)))
+    assert len(pickle.dumps(pack_blanks(by_handle))) < len(pickle.dumps(sent)) / 4
+    unpack_blanks(packed)
+    assert packed.mm_items[0].data.shape == handled.data.shape and not packed.mm_items[0].data.any()
 
 
 def test_a_handle_stays_refused_for_another_tenant_and_unknown_ones(shared) -> None:

@@ -259,7 +259,11 @@ class AsyncLLMEngine(RequestLifecycle):
         a prompt), encoded on the engine thread a budget per loop turn, then their handles
         registered. No LM work, no request in the scheduler."""
         self._check_admissible()
-        ready = await self.admission.prepare(prompt)
+        return await self.encode_prepared(await self.admission.prepare(prompt))
+
+    async def encode_prepared(self, ready: PromptInput) -> list[HandleRecord]:
+        """``encode`` of a prompt whose images are prepared already (the Ray ingress did)."""
+        self._check_admissible()
         intake = self.engine.intake
         processed, records = await self.run_text(intake.admit_encode, ready)
         await self.admission.wait_for_store(processed)

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mmserve.engine.admission.grammar import GrammarCompiler
+from mmserve.engine.admission.handles import HandleBook
 from mmserve.engine.admission.prompt_limits import checked_prompt
-from mmserve.engine.setup.loading import create_engine_config
+from mmserve.engine.setup.loading import create_engine_config, torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt, PromptInput
+from mmserve.multimodal.handles import MediaHandleError, is_handle
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
+from mmserve.store.factory import open_shared_store
+
+NO_SHARED_STORE = (
+    "media handles (mmserve://, /v1/mm/encode, image uuids without data) need the replicas'"
+    " shared encoder store through the Ray ingress (--encoder-store-redis with"
+    " --encoder-store-secret): without it a handle lives in the memory of the one replica that"
+    " encoded it, which the ingress and the other replicas cannot read; send the image itself"
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +32,7 @@ class ReplicaFacts:
     vocab_size: int
     encoder_cache_capacity: int
     encoder_budget: int
+    store_fingerprint: str | None = None  # the encoder store's weights fingerprint, if any
 
 
 class FrontendEngine:
@@ -28,7 +40,13 @@ class FrontendEngine:
     the served model (what ``OpenAIServing`` reads from an ``LLMEngine``), and the ingress'
     ``Admission`` (as the engine's ``RequestIntake`` is), so the ingress admits requests
     exactly as a single server does: same templates, same item keys, same checks. It runs
-    nothing: ``get_metrics`` is empty and there is no step loop."""
+    nothing: ``get_metrics`` is empty and there is no step loop.
+
+    Media handles: with the replicas' Redis store, ``handles`` resolves them as an engine does
+    (the records the replicas wrote, read from Redis with their weights fingerprint; same
+    tenant checks) and their items are marked ``by_handle``: the replica loads their
+    embeddings (``HandleBook.embeddings``) and never encodes them. Without Redis, ``handles``
+    is None and a prompt naming one is ``MediaHandleError`` ``media_handle_unsupported``."""
 
     def __init__(
         self, settings: EngineArgs, facts: ReplicaFacts, media_policy: MediaFetchPolicy
@@ -44,17 +62,36 @@ class FrontendEngine:
         self.max_model_len = mc.max_model_len
         self.encoder_cache_capacity = facts.encoder_cache_capacity
         self.encoder_budget = facts.encoder_budget
+        self.handles: HandleBook | None = None
+        store_config = self.config.encoder_store
+        if store_config is not None and facts.store_fingerprint is not None:
+            store = open_shared_store(
+                store_config, facts.store_fingerprint, mc.dtype, torch_dtype(mc.dtype)
+            )
+            if store is not None:  # records only: nothing here holds an embedding
+                timeout_s = store_config.timeout_ms / 1000
+                self.handles = HandleBook(self.processor, store, lambda key: None, timeout_s)
 
     def process(self, prompt: PromptInput) -> ProcessedPrompt:
-        """``RequestIntake.process`` without the store lookups (the replica starts those):
-        the same processor and the same refusals."""
-        return checked_prompt(
+        """``RequestIntake.process`` without the store lookups (the replica starts those, and
+        loads the embeddings of handles): the same processor and the same refusals."""
+        used: set[str] = set()
+        if any(map(is_handle, prompt.images)):
+            if self.handles is None:
+                raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
+            prompt, used = self.handles.resolve(prompt)  # blocking: records from Redis
+        processed = checked_prompt(
             self.processor.process,
             prompt,
             self.max_model_len,
             self.encoder_cache_capacity,
             self.encoder_budget,
         )
+        items = processed.mm_items
+        for i, item in enumerate(items):  # as ``HandleBook.embeddings`` marks them
+            if item.hash.split("#", 1)[0] in used:
+                items[i] = dataclasses.replace(item, by_handle=True)
+        return processed
 
     def default_sampling_params(self) -> SamplingParams:
         return self.front.default_sampling_params()
@@ -62,7 +99,9 @@ class FrontendEngine:
     def get_metrics(self) -> dict[str, float]:
         return {}
 
-    store_timeout_s = 0.0  # no encoder store here: the replicas look their items up
+    store_timeout_s = 0.0  # no encoder store lookups here: the replicas look their items up
 
     def close(self) -> None:
-        """Nothing to release (``AsyncLLMEngine.shutdown`` closes its engine)."""
+        """Close the records' store, if any (``AsyncLLMEngine.shutdown`` calls this)."""
+        if self.handles is not None and self.handles.store is not None:
+            self.handles.store.close()

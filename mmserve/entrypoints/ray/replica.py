@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine_args import EngineArgs
+from mmserve.entrypoints.ray.blanks import unpack_blanks
 from mmserve.entrypoints.ray.frontend import ReplicaFacts
 from mmserve.entrypoints.ray.rendezvous import RouteKey
 from mmserve.inputs import ProcessedPrompt, PromptInput
@@ -21,6 +23,7 @@ from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+RECORDS_FLUSH_S = 10.0  # encode-ahead: the longest wait for its records' write to the store
 
 
 def replica_id() -> str:
@@ -64,10 +67,12 @@ class EngineReplica:
         logger.info("engine replica %s ready (%s)", replica_id(), settings.model)
 
     def describe(self, route: RouteKey | None = None) -> dict[str, int]:
+        store = self.llm.store
         facts = ReplicaFacts(
             vocab_size=self.llm.vocab_size,
             encoder_cache_capacity=self.llm.scheduler.encoder_cache.capacity,
             encoder_budget=self.llm.encoder_budget,
+            store_fingerprint=None if store is None else store.keyer.fingerprint,
         )
         return dataclasses.asdict(facts)
 
@@ -81,12 +86,28 @@ class EngineReplica:
     ) -> AsyncIterator[RequestOutput]:
         self.requests += 1
         # what RequestIntake.process + AdmissionPipeline.admit do for a local prompt (the
-        # ingress has no store): ask the replicas' shared store, up to its deadline
-        self.llm.intake.start_store_lookup(processed)
+        # ingress has no store lookups): the embeddings of the media handles the ingress
+        # resolved (MediaHandleError if gone), then the shared store, up to its deadline
+        unpack_blanks(processed)
+        used = {item.hash.split("#", 1)[0] for item in processed.mm_items if item.by_handle}
+        found = None
+        if used:
+            found = await self.engine.run_text(self.llm.handles.embeddings, processed, used)
+        self.llm.intake.start_store_lookup(processed, found)
         await self.engine.admission.wait_for_store(processed)
         prompt = PromptInput(prompt_text if prompt_text is not None else processed.prompt_token_ids)
         async for out in self.engine.generate(prompt, params, request_id, processed=processed):
             yield out
+
+    async def encode(self, ready: PromptInput, route: RouteKey | None = None) -> list[bytes]:
+        """Encode-ahead of a prompt the ingress prepared (``AsyncLLMEngine.encode_prepared``);
+        answers once its handles' records are in the shared store (so any replica and the
+        ingress resolve them), as ``HandleRecord.to_bytes`` (compact: no blanked arrays)."""
+        records = await self.engine.encode_prepared(ready)
+        store = self.llm.store
+        if store is not None and not await asyncio.to_thread(store.flush, RECORDS_FLUSH_S):
+            logger.warning("encoder store: handle records still queued after %ss", RECORDS_FLUSH_S)
+        return [record.to_bytes() for record in records]
 
     def stats(self, route: RouteKey | None = None) -> dict[str, Any]:
         """This replica's engine counters (``mmserve_*`` metric names without the prefix)."""

@@ -16,13 +16,14 @@ from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError
 from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.metrics.engine_metrics import COUNTER_KEYS
 from mmserve.engine.outputs import RequestOutput
+from mmserve.entrypoints.ray.blanks import pack_blanks
 from mmserve.entrypoints.ray.cluster_metrics import RoutingCollector, StatsRefresher
 from mmserve.entrypoints.ray.counter_sums import ClusterCounterSums, ClusterStatsCollector
-from mmserve.entrypoints.ray.frontend import FrontendEngine
+from mmserve.entrypoints.ray.frontend import NO_SHARED_STORE, FrontendEngine
 from mmserve.entrypoints.ray.rendezvous import RouteKey, route_key
 from mmserve.entrypoints.ray.routing_stats import ROUTING
 from mmserve.inputs import ProcessedPrompt, PromptInput
-from mmserve.multimodal.handles import HandleRecord, MediaHandleError
+from mmserve.multimodal.handles import HandleRecord, MediaHandleError, is_handle
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
 from mmserve.sampling_params import SamplingParams
@@ -73,6 +74,7 @@ class RoutedEngine(AsyncLLMEngine):
             media_workers=media_workers,
             admission=lambda: frontend,
         )
+        self.frontend = frontend
         self.replicas = replicas
         self._started = False
         self._summed_at: float | None = None
@@ -98,13 +100,24 @@ class RoutedEngine(AsyncLLMEngine):
             raise EngineShutdownError("the server is not running (shutting down)")
 
     async def encode(self, prompt: PromptInput) -> list[HandleRecord]:
-        """Refused: encode-ahead and its handles live in one engine's caches and admission,
-        which a handle-less router cannot pick; the client sends the image with the chat."""
-        raise MediaHandleError(
-            "encode-ahead (/v1/mm/encode) and media handles are served by a single server, not"
-            " through the Ray ingress; send the image itself with the chat",
-            "media_handle_unsupported",
-        )
+        """Encode-ahead: the images fetched, prepared and admitted here (a chat's limits and
+        keys), encoded by the replica the first image's key routes to (as its chats will be),
+        which answers once the handles' records are in the shared store. Without that store a
+        handle could not be resolved anywhere else: ``media_handle_unsupported``."""
+        self._check_admissible()
+        frontend = self.frontend
+        if frontend.handles is None:
+            raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
+        ready = await self.admission.prepare(prompt)
+        route = None  # a prompt encode refuses (no images, handles, videos): the replica says so
+        if ready.images and not ready.videos and not any(map(is_handle, ready.images)):
+            processed = await self.run_text(frontend.process, ready)
+            route = route_key(processed, processed.cache_salt)
+        try:
+            blobs = await self.replicas.encode.remote(ready, route=route)
+        except Exception as exc:
+            raise unwrap_ray_error(exc) from None
+        return [HandleRecord.from_bytes(blob) for blob in blobs]
 
     async def _dispatch(
         self, request_id: str, processed: ProcessedPrompt, params: SamplingParams, text: str | None
@@ -116,7 +129,7 @@ class RoutedEngine(AsyncLLMEngine):
         try:
             route = route_key(processed, processed.cache_salt)
             call = self.replicas.options(stream=True).generate.remote(
-                processed, params, request_id, text, route=route
+                pack_blanks(processed), params, request_id, text, route=route
             )
             stream = cast(DeploymentResponseGenerator, call)  # stream=True
             async for out in stream:
