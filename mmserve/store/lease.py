@@ -48,9 +48,10 @@ class EncodeLease:
     longer than ``max_hold_s`` plus ``lease_ms``; only the token that took it releases it
     (compare-and-delete), so a holder whose lease ran out never ends its successor's;
     ``holds`` is this process's view (tokens it took, until their lease would have expired as
-    of the last renewal that succeeded). Every call goes through the tier's circuit;
-    ``acquire``, ``release`` and ``alive`` raise on a Redis failure (callers count it and
-    encode locally), a failed renewal is retried at the next one.
+    of the last renewal that succeeded). ``acquire``, ``release`` and ``alive`` go through the
+    tier's circuit and raise on a Redis failure (callers count it and encode locally);
+    renewals go around it (background calls, a few a second: one slow reply that opened the
+    circuit must not let every held lease expire) and a failed one is retried at the next.
     """
 
     def __init__(self, tier: RedisTier, lease_ms: int, max_hold_s: float = MAX_HOLD_S) -> None:
@@ -133,9 +134,9 @@ class EncodeLease:
         with self._lock:
             due = [(skey, held) for skey, held in self._held.items() if now < held.until]
         for skey, held in due:
-            try:
-                kept = self.tier.call(
-                    self.tier.client.eval, _RENEW, 1, LEASE_PREFIX + skey, held.token, self.lease_ms
+            try:  # around the circuit: a slow reply to a lookup must not cost a holder its lease
+                kept = self.tier.client.eval(
+                    _RENEW, 1, LEASE_PREFIX + skey, held.token, self.lease_ms
                 )
             except Exception as exc:  # the lease expires unless a later renewal gets through
                 logger.debug("encoder store: renewing the lease of %s failed (%s)", skey, exc)

@@ -70,8 +70,10 @@ def test_a_miss_elects_one_store_the_other_waits_and_gets_the_stored_result(redi
 
 # ---- engines -----------------------------------------------------------------------------------
 def replica(url: str, **kw) -> LLMEngine:
-    """An engine on the shared Redis store, with the default lease (2 s): its holder renews it,
-    so a busy machine's slow step does not hand the encode to the waiter."""
+    """An engine on the shared Redis store whose own leases outlive any step of a loaded
+    machine (the default 2 s can run out while a busy holder encodes: the waiter then takes
+    over, correctly, but these tests count who encoded)."""
+    kw.setdefault("encoder_store_lease_ms", LONG_LEASE_MS)
     return LLMEngine.from_args(
         "tiny-llava", encoder_store_redis=url, encoder_store_secret=SECRET, **kw
     )

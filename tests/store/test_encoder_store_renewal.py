@@ -15,10 +15,19 @@ from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import MultiModalItem, PromptInput
 from mmserve.store.lease import LEASE_PREFIX, EncodeLease
 from mmserve.store.redis_tier import RedisTier
-from tests.store.test_encoder_store_lease import PROMPT, admit, plain_answer, redis_store, step_all
+from tests.store.test_encoder_store_lease import (
+    PROMPT,
+    SECRET,
+    admit,
+    plain_answer,
+    redis_store,
+    step_all,
+)
 
-LEASE_MS = 300  # short, so that "longer than the lease" takes a second in a test
-OUTLIVE_S = 4 * LEASE_MS / 1000  # a simulated encode four lease lifetimes long
+# short, so that "longer than the lease" takes seconds in a test, yet a third of it (the margin
+# of a renewal) above the pauses of a loaded 2-core test machine (300 ms was not)
+LEASE_MS = 1000
+OUTLIVE_S = 2.5 * LEASE_MS / 1000  # a simulated encode two and a half lease lifetimes long
 HOLDER = """
 import sys
 from mmserve.store.lease import EncodeLease
@@ -32,6 +41,15 @@ sys.stdin.read()  # hold (and renew) until killed
 
 def lease_of(url: str, lease_ms: int = LEASE_MS, **kw) -> EncodeLease:
     return EncodeLease(RedisTier(url, 100, 0.5), lease_ms=lease_ms, **kw)
+
+
+def engine_on(url: str) -> LLMEngine:
+    """A replica with a short lease whose admission waits long enough for its store lookup on
+    a loaded machine (a lookup later than the deadline is a miss: the waiter would encode)."""
+    return LLMEngine.from_args(
+        "tiny-llava", encoder_store_redis=url, encoder_store_secret=SECRET,
+        encoder_store_lease_ms=LEASE_MS, encoder_store_timeout_ms=5000,
+    )  # fmt: skip
 
 
 def until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
@@ -53,6 +71,19 @@ def test_a_holder_keeps_its_lease_past_its_lifetime_and_releases_it(redis_server
     assert not other.alive("k") and other.acquire("k")
     holder.close()
     other.close()
+
+
+def test_renewals_go_around_the_tiers_open_circuit(redis_server):
+    """A Redis call that timed out on a loaded machine opens the tier's circuit for seconds:
+    the lookups skip Redis meanwhile, but the holder keeps renewing its lease."""
+    holder = lease_of(redis_server.url)
+    assert holder.acquire("k")
+    holder.tier._open_until = time.monotonic() + 60  # as a failed call leaves it
+    time.sleep(OUTLIVE_S)
+    assert holder.holds("k") and lease_of(redis_server.url).alive("k")
+    holder.tier._open_until = 0.0
+    holder.close()  # gives it back
+    assert not lease_of(redis_server.url).alive("k")
 
 
 def test_renewals_stop_at_the_cap_and_the_lease_expires(redis_server):
@@ -89,7 +120,7 @@ def test_a_killed_holder_stops_renewing_and_a_waiter_takes_over(redis_server):
         proc.kill()
         proc.wait(10)
     took = until(lambda: not lease_of(redis_server.url).alive("k"))
-    assert took <= LEASE_MS / 1000 + 0.5  # dead: expired within one lifetime
+    assert took <= LEASE_MS / 1000 + 1.0  # dead: expired within one lifetime (and a poll)
     waiter = lease_of(redis_server.url)
     assert waiter.acquire("k")
     waiter.close()
@@ -119,14 +150,8 @@ def test_an_encode_slower_than_the_lease_is_waited_for_and_loaded(redis_server):
 
 def test_replicas_encode_once_when_the_encode_outlives_the_lease(redis_server, images):
     plain = plain_answer(images[0])
-    holder = LLMEngine.from_args(
-        "tiny-llava", encoder_store_redis=redis_server.url,
-        encoder_store_secret="shared-deployment-secret-for-tests", encoder_store_lease_ms=LEASE_MS,
-    )  # fmt: skip
-    waiter = LLMEngine.from_args(
-        "tiny-llava", encoder_store_redis=redis_server.url,
-        encoder_store_secret="shared-deployment-secret-for-tests", encoder_store_lease_ms=LEASE_MS,
-    )  # fmt: skip
+    holder = engine_on(redis_server.url)
+    waiter = engine_on(redis_server.url)
     encode = holder.model.encode_images
 
     def slow_encode(images_: list) -> list[torch.Tensor]:
@@ -146,10 +171,7 @@ def test_replicas_encode_once_when_the_encode_outlives_the_lease(redis_server, i
 
 
 def test_a_request_that_ends_before_its_encode_gives_the_lease_back(redis_server, images):
-    holder = LLMEngine.from_args(
-        "tiny-llava", encoder_store_redis=redis_server.url,
-        encoder_store_secret="shared-deployment-secret-for-tests", encoder_store_lease_ms=LEASE_MS,
-    )  # fmt: skip
+    holder = engine_on(redis_server.url)
     key = holder.front.processor.process(PromptInput(PROMPT, [images[0]])).mm_items[0].key
     skey = holder.store.keyer.key(key)
     held = admit(holder, images[0])  # queued, not stepped: its lease is renewed meanwhile
