@@ -7,16 +7,16 @@ For each shape preset (built first if missing, untimed) and each engine, one fre
 run, engines interleaved with a rotating order per round. A run's ``load_s`` is wall time from
 the process's start (before ``import torch``) to its first token ready: mmserve ``LLM(...)`` +
 one generated token; transformers ``from_pretrained`` + its tokenizer + one forward (engine
-``transformers``), or with ``AutoProcessor`` instead of the tokenizer alone (engine
-``transformers+processor``: what a transformers user who answers images loads, as mmserve and
-vLLM do before their first token); vLLM ``LLM(...)`` (eager, in-process) + one generated token.
-``peak_rss`` is the process's ``ru_maxrss``. All run bf16 with ``--threads`` torch threads and
-``--kv-gib`` of KV cache (mmserve ``kv_cache_memory``, vLLM ``VLLM_CPU_KVCACHE_SPACE``;
-transformers allocates its cache lazily). Before a model's first run its files are read once,
-untimed, so every run, the first included, finds them in the page cache (warm reads for every
-engine alike; without it the first engine of round 0 read the model from disk: 20.7 s against
-13.1 s for the next engine at the 3B shape). The table prints medians (min-max) and mmserve's
-bound: weight bytes + KV bytes + 1 GiB.
+``transformers``), or with its ``AutoImageProcessor`` too (engine ``transformers+images``: what
+a transformers user who answers images loads, as mmserve and vLLM do before their first token;
+``AutoProcessor`` would also want torchvision for Qwen's video processor); vLLM ``LLM(...)``
+(eager, in-process) + one generated token. ``peak_rss`` is the process's ``ru_maxrss``. All run
+bf16 with ``--threads`` torch threads and ``--kv-gib`` of KV cache (mmserve
+``kv_cache_memory``, vLLM ``VLLM_CPU_KVCACHE_SPACE``; transformers allocates its cache lazily).
+Before a model's first run its files are read once, untimed, so every run, the first included,
+finds them in the page cache (warm reads for every engine alike; without it the first engine of
+round 0 read the model from disk: 20.7 s against 13.1 s for the next engine at the 3B shape).
+The table prints medians (min-max) and mmserve's bound: weight bytes + KV bytes + 1 GiB.
 """
 
 from __future__ import annotations
@@ -48,17 +48,16 @@ def child(engine: str, path: str, kv_gib: float, started: float) -> dict[str, An
         llm = LLM(model=path, dtype="bfloat16", kv_cache_memory=int(kv_gib * GIB),
                   max_model_len=4096)  # fmt: skip
         llm.generate(PROMPT, SamplingParams(max_tokens=1, temperature=0))
-    elif engine in ("transformers", "transformers+processor"):
+    elif engine in ("transformers", "transformers+images"):
         import torch
         import transformers
 
         config = json.loads((Path(path) / "config.json").read_text())
         model_cls = getattr(transformers, config["architectures"][0])
         model = model_cls.from_pretrained(path, dtype=torch.bfloat16).eval()
-        if engine == "transformers":
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-        else:  # what answering an image needs: the processor (its tokenizer included)
-            tokenizer = transformers.AutoProcessor.from_pretrained(path).tokenizer
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        if engine == "transformers+images":  # what answering an image needs besides
+            transformers.AutoImageProcessor.from_pretrained(path)
         with torch.inference_mode():
             model(**tokenizer(PROMPT, return_tensors="pt"))
     elif engine == "vllm":
