@@ -122,7 +122,6 @@ def test_chunks_are_deterministic_and_safetensors_reads_the_files(tmp_path: Path
         assert f.get_tensor("b.bias").dtype == torch.float16
 
 
-
 def test_a_shard_has_the_bytes_safetensors_save_file_writes(tmp_path: Path) -> None:
     """The hub's files come from ``safetensors.save_file``: tensors ordered by dtype (widest
     first), then by name, whatever order the model lists them in. The order decides which
@@ -148,6 +147,7 @@ def test_a_shard_has_the_bytes_safetensors_save_file_writes(tmp_path: Path) -> N
     save_file(tensors, str(tmp_path / "hub.safetensors"), metadata={"format": "pt"})
     ours = (tmp_path / "ours.safetensors").read_bytes()
     assert ours == (tmp_path / "hub.safetensors").read_bytes()
+
 
 CUTS = {
     SMOLVLM_500M: {
