@@ -95,6 +95,22 @@ def test_uuid_without_data_names_the_image_sent_with_it(llm):
         llm.chat(chat_of(bare), GREEDY, False, cache_salt="another")
 
 
+def test_a_chat_that_sends_an_image_with_a_uuid_lets_the_next_name_it_by_uuid(llm):
+    """vLLM's shape: a client sends the image once with its ``uuid``, then only the ``uuid``;
+    the second chat encodes nothing and answers as the image does, within its tenant only."""
+    url = data_url(5)
+    first = llm.chat(chat_of(image_part(url, uuid="photo-5")), GREEDY, False, cache_salt="u")[0]
+    before = encoded(llm)
+    bare = {"type": "image_url", "uuid": "photo-5"}
+    again = llm.chat(chat_of(bare), GREEDY, False, cache_salt="u")[0]
+    assert encoded(llm) - before == 0
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert again.prompt_token_ids == first.prompt_token_ids
+    with pytest.raises(MediaHandleError, match="uuid"):
+        llm.chat(chat_of(bare), GREEDY, False, cache_salt="another")
+    assert_no_leaks(llm)
+
+
 @pytest.mark.parametrize(
     "url, message",
     [

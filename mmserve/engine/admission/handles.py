@@ -53,7 +53,10 @@ class HandleBook:
       eviction while the request runs is a load, never an encode; an embedding found in no
       tier is ``MediaHandleError`` ("expired": send the image again), raised before the prompt
       reaches the engine;
-    - records are written only after their embeddings were computed or found (``register``).
+    - records of encode-ahead are written only after their embeddings were computed or found
+      (``register``); a chat that sends an image with a ``uuid`` registers it once admitted,
+      before its step encodes it: a prompt naming that uuid meanwhile finds no embedding and
+      gets the "expired" answer (send the image again), never a wrong one.
     """
 
     def __init__(
@@ -85,9 +88,16 @@ class HandleBook:
         handle = self.processor.item_key(base, None, prompt.cache_salt)
         return HandleRecord.of(handle, base, self._model, self._settings(prompt))
 
-    def register(self, records: Sequence[HandleRecord], prompt: PromptInput) -> None:
-        """Keep the records (and the uuids' aliases) here and in the store's tiers."""
-        for i, record in enumerate(records):
+    def register(
+        self,
+        records: Sequence[HandleRecord],
+        prompt: PromptInput,
+        indexes: Sequence[int] | None = None,
+    ) -> None:
+        """Keep the records (and the uuids' aliases) here and in the store's tiers; record
+        ``k`` is of image ``indexes[k]`` of ``prompt`` (default: image ``k``)."""
+        for k, record in enumerate(records):
+            i = indexes[k] if indexes is not None else k
             self._remember(self._local, record.handle, record)
             if self.records is not None:
                 self.records.put(f"handle:{record.handle}", record.to_bytes())

@@ -59,15 +59,17 @@ class RequestIntake:
         self._ids = itertools.count()
 
     # ---- PromptInput -> ProcessedPrompt ---------------------------------------------------
-    def process(self, prompt: PromptInput) -> ProcessedPrompt:
+    def process(self, prompt: PromptInput, *, name_uuids: bool = True) -> ProcessedPrompt:
         """Tokenize, load, hash and preprocess (thread-safe; the server runs it off-loop), check
         it fits (``prompt_limits``) and start its store lookups. ``prompt.videos``: decoded
         videos (``VideoFrames``, PIL frame lists, arrays) or ``PreparedVideo``s, one item per
         frame group. ``prompt.cache_salt`` scopes the items' encoder-cache keys (and, at
         ``add_processed``, the prefix-cache block hashes) to one tenant;
         ``prompt.mm_processor_kwargs`` override the engine's processor settings for its images
-        and videos (part of their keys)."""
+        and videos (part of their keys). Images sent with data and a ``uuid`` are registered
+        under it once admitted (``name_uuids``; encode-ahead registers its own once encoded)."""
         prompt, handles = self.handles.resolve(prompt)  # media handles: their records' images
+        prompt, named = self._prepare_named(prompt) if name_uuids else (prompt, [])
         processed = checked_prompt(
             self.front.processor.process,
             prompt,
@@ -76,18 +78,21 @@ class RequestIntake:
             self.scheduler.encoder_compute_budget,  # the one budget: what each step may encode
         )
         self.start_store_lookup(processed, self.handles.embeddings(processed, handles))
+        if named:  # admitted: later prompts may name these images by uuid alone
+            self.handles.register([self.handles.record(prompt, i) for i in named], prompt, named)
         return processed
 
-    def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
-        """An encode-ahead prompt (its images only: no handles, no videos) prepared and
-        ``process``ed as any prompt is, with the records its handles will name (registered by
-        ``LLMEngine`` once the embeddings exist). Thread-safe and blocking, as ``process``."""
+    def _prepare_named(self, prompt: PromptInput) -> tuple[PromptInput, list[int]]:
+        """``prompt`` with its images prepared when any image sent with data has a ``uuid``
+        (vLLM's shape: the client may then send the uuid alone), and those images' indexes."""
+        uuids = prompt.uuids or []
+        named = [i for i, uuid in enumerate(uuids) if uuid is not None]
+        return (self._prepared(prompt), named) if named else (prompt, [])
+
+    def _prepared(self, prompt: PromptInput) -> PromptInput:
+        """``prompt`` with every image decoded and prepared (``PreparedImage``), as
+        ``process`` would, so records can describe them."""
         processor = self.front.processor
-        if not prompt.images or prompt.videos or any(map(is_handle, prompt.images)):
-            raise ValueError(
-                "encode takes one or more images (image_url parts with a URL, a data URL or"
-                " a file), no media handles, uuids without data or videos"
-            )
         processor.check_num_images(len(prompt.images))  # before decoding any
         multi_image = processor.preparer.multi_image(len(prompt.images))
         salt, kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
@@ -97,9 +102,20 @@ class RequestIntake:
             else processor.prepare_image(image, salt, kwargs, multi_image)
             for image in prompt.images
         ]
-        ready = dataclasses.replace(prompt, images=images)
-        processed = self.process(ready)
-        return processed, [self.handles.record(ready, i) for i in range(len(images))]
+        return dataclasses.replace(prompt, images=images)
+
+    def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
+        """An encode-ahead prompt (its images only: no handles, no videos) prepared and
+        ``process``ed as any prompt is, with the records its handles will name (registered by
+        ``LLMEngine`` once the embeddings exist). Thread-safe and blocking, as ``process``."""
+        if not prompt.images or prompt.videos or any(map(is_handle, prompt.images)):
+            raise ValueError(
+                "encode takes one or more images (image_url parts with a URL, a data URL or"
+                " a file), no media handles, uuids without data or videos"
+            )
+        ready = self._prepared(prompt)
+        processed = self.process(ready, name_uuids=False)  # registered once encoded
+        return processed, [self.handles.record(ready, i) for i in range(len(ready.images))]
 
     def start_store_lookup(
         self, processed: ProcessedPrompt, found: dict[str, Future] | None = None
