@@ -78,6 +78,18 @@ class VideoFrames:
     duration: float | None = None  # of the whole video, in seconds (the decoder sets it)
 
 
+@dataclass(frozen=True)
+class ImageEmbeds:
+    """One image given as its precomputed encoder output (vLLM's ``image_embeds``): a
+    ``(tokens, hidden)`` tensor, as the model's vision encoder and projector would make it, and
+    for families whose token count depends on the image size (Qwen-VL) the image's
+    ``image_grid_thw`` ``(1, h, w)``. Admission checks both against the model and keys the
+    image by a hash of the tensor (``mmserve.engine.admission.embeds``)."""
+
+    embeds: Any
+    image_grid_thw: Any = None
+
+
 @dataclass
 class PromptInput:
     """One prompt as the APIs take it: text or token ids, its images and videos (any source

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmserve.engine.setup.chat_template import ChatTemplate
-from mmserve.inputs import PromptInput
+from mmserve.inputs import ImageEmbeds, PromptInput
 from mmserve.multimodal.handles import MediaHandle, as_handle, is_handle
 
 # apply_chat_template's own parameters: a chat_template_kwargs entry may not replace them
@@ -79,6 +79,22 @@ def _part_source(part: dict[str, Any], kind: str, where: str) -> Any:
     return source
 
 
+def _embeds(part: dict[str, Any], where: str) -> ImageEmbeds:
+    """vLLM's ``image_embeds`` part: a tensor, or ``{"image_embeds", "image_grid_thw"}``."""
+    value: Any = part.get("image_embeds")
+    grid: Any = None
+    if isinstance(value, dict):
+        value, grid = value.get("image_embeds"), value.get("image_grid_thw")
+    if value is None:
+        raise ValueError(f"{where} has no image_embeds")
+    if isinstance(value, str):
+        raise ValueError(
+            f"{where}: image_embeds sent as serialized tensors (vLLM's --enable-mm-embeds) are"
+            " not accepted by this server; send the image, or pass a tensor to the offline API"
+        )
+    return ImageEmbeds(value, grid)
+
+
 def parse_chat_messages(
     messages: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], list[Any], list[str | None], list[Any]]:
@@ -88,7 +104,8 @@ def parse_chat_messages(
     Accepted parts: {"type": "text", "text"}, {"type": "image_url", "image_url": {"url"} | url,
     "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?} (a url
     ``mmserve://<handle>``, or a uuid without data, names an image encoded before: a
-    ``MediaHandle``), {"type":
+    ``MediaHandle``), {"type": "image_embeds", "image_embeds": tensor | {"image_embeds",
+    "image_grid_thw"}} (an ``ImageEmbeds``: offline only), {"type":
     "video_url", "video_url": {"url"} | url}, {"type": "video", "video": path | bytes |
     frames}; the template sees {"type": "image"} / {"type": "video"}. String content stays a
     string; ``name`` is passed to the template.
@@ -118,6 +135,10 @@ def parse_chat_messages(
                 source = _part_source(part, kind, f"messages[{i}].content[{j}]")
                 images.append(source)
                 uuids.append(None if isinstance(source, MediaHandle) else part.get("uuid"))
+                parts.append({"type": "image"})
+            elif kind == "image_embeds":
+                images.append(_embeds(part, f"messages[{i}].content[{j}]"))
+                uuids.append(None)
                 parts.append({"type": "image"})
             elif kind in ("video_url", "video"):
                 if part.get("uuid") is not None:

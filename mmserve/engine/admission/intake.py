@@ -10,12 +10,14 @@ from concurrent.futures import Future
 
 from mmserve.config import EngineConfig
 from mmserve.core.scheduler import Scheduler
+from mmserve.engine.admission.embeds import prepare_embeds, supply_embeds
 from mmserve.engine.admission.grammar import GrammarCompiler
 from mmserve.engine.admission.handles import HandleBook
 from mmserve.engine.admission.prompt_limits import checked_prompt
 from mmserve.engine.output.fanout import FanOut, child_params
 from mmserve.engine.output.output_processor import OutputProcessor
 from mmserve.engine.setup.generation_defaults import default_max_tokens
+from mmserve.engine.setup.loading import torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import HandleRecord, is_handle
@@ -69,6 +71,9 @@ class RequestIntake:
         and videos (part of their keys). Images sent with data and a ``uuid`` are registered
         under it once admitted (``name_uuids``; encode-ahead registers its own once encoded)."""
         prompt, handles = self.handles.resolve(prompt)  # media handles: their records' images
+        mc = self.front.processor.model_config
+        width = mc.embedding_width or mc.hidden_size
+        prompt, embeds = prepare_embeds(self.front.processor, prompt, torch_dtype(mc.dtype), width)
         prompt, named = self._prepare_named(prompt) if name_uuids else (prompt, [])
         processed = checked_prompt(
             self.front.processor.process,
@@ -77,7 +82,8 @@ class RequestIntake:
             self.scheduler.encoder_cache.capacity,
             self.scheduler.encoder_compute_budget,  # the one budget: what each step may encode
         )
-        self.start_store_lookup(processed, self.handles.embeddings(processed, handles))
+        found = self.handles.embeddings(processed, handles) | supply_embeds(processed, embeds)
+        self.start_store_lookup(processed, found)
         if named:  # admitted: later prompts may name these images by uuid alone
             self.handles.register([self.handles.record(prompt, i) for i in named], prompt, named)
         return processed
