@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mmserve.engine.admission.handles import resolved
 from mmserve.inputs import ImageEmbeds, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import HandleRecord
 from mmserve.multimodal.image.memo import PreparedImage
@@ -39,6 +40,11 @@ def prepare_embeds(
     image's item key -> its embedding (``dtype``, ``width`` columns checked)."""
     if not any(isinstance(image, ImageEmbeds) for image in prompt.images):
         return prompt, {}
+    if prompt.uuids is not None and any(
+        u is not None and isinstance(s, ImageEmbeds)
+        for s, u in zip(prompt.images, prompt.uuids, strict=True)
+    ):
+        raise ValueError("image_embeds take no uuid: they are keyed by their content")
     multi_image = processor.preparer.multi_image(len(prompt.images))
     images, found = list(prompt.images), {}
     for i, image in enumerate(images):
@@ -47,11 +53,6 @@ def prepare_embeds(
             prepared = _prepared(processor, image, tensor, prompt, multi_image)
             images[i] = prepared
             found[processor.item_key(prepared, None, prompt.cache_salt)] = tensor
-    if prompt.uuids is not None and any(
-        u is not None and isinstance(s, ImageEmbeds)
-        for s, u in zip(prompt.images, prompt.uuids, strict=True)
-    ):
-        raise ValueError("image_embeds take no uuid: they are keyed by their content")
     return dataclasses.replace(prompt, images=images), found
 
 
@@ -65,9 +66,7 @@ def supply_embeds(processed: ProcessedPrompt, found: dict[str, torch.Tensor]) ->
         if tensor is None:
             continue
         items[idx] = dataclasses.replace(item, by_handle=True)
-        future: Future[torch.Tensor | None] = Future()
-        future.set_result(tensor)
-        futures[item.key] = future
+        futures[item.key] = resolved(tensor)
     return futures
 
 

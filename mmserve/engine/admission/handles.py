@@ -32,7 +32,8 @@ CachedEmbedding = Callable[[str], "torch.Tensor | None"]
 Future = concurrent.futures.Future
 
 
-def _done(tensor: torch.Tensor) -> Future[torch.Tensor | None]:
+def resolved(tensor: torch.Tensor) -> Future[torch.Tensor | None]:
+    """``tensor`` as a resolved future, the shape a store lookup's hits take."""
     fut: Future[torch.Tensor | None] = Future()
     fut.set_result(tensor)
     return fut
@@ -142,13 +143,13 @@ class HandleBook:
             if item.by_handle and item.key not in found:
                 tensor = self.cached_embedding(item.key)
                 if tensor is not None:
-                    found[item.key] = _done(tensor)
+                    found[item.key] = resolved(tensor)
                 else:
                     missing.append(item)
         lookup = self.store.lookup(missing) if self.store is not None and missing else None
         if lookup is not None:
             lookup.wait(self.lookup_timeout_s)
-            found.update((key, _done(tensor)) for key, tensor in lookup.hits().items())
+            found.update((key, resolved(tensor)) for key, tensor in lookup.hits().items())
         gone = [item for item in missing if item.key not in found]
         if gone:
             handle = gone[0].hash.split("#", 1)[0]
