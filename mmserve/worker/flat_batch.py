@@ -6,6 +6,12 @@ takes its slice of the request's M-RoPE positions (``MRopePositions.slice``).
 Attention metadata is built once per step for every layer: block tables, query_start_loc
 and seq_lens (what the CPU kernel reads, ``attention_backend == "cpu-kernel"``); the torch
 fallback derives its gather plan from them on first use.
+
+With the CPU kernel selected, only steps whose every sequence has one query row (decode) run
+it; a step with a longer query (a prefill chunk) runs the torch path's batched SDPA. Measured
+at the Qwen2-VL-2B shape (12 heads, 2 KV heads, head_dim 128, float32, 2 AVX2 threads, 28
+layers): one decode row over 362 keys 7.4 ms with the kernel and 14 ms with torch; a 266-token
+chunk 2.7 s against 0.20 s, and even 8 rows 153 ms against 16 ms.
 """
 
 from __future__ import annotations
@@ -107,7 +113,7 @@ class FlatBatchBuilder:
             block_size=bs,
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
-            use_kernel=self.attention_backend == "cpu-kernel",
+            use_kernel=self.attention_backend == "cpu-kernel" and max(query_lens) == 1,
             use_flex=self.attention_backend == "flex",
             image_ranges=image_ranges,
         )
