@@ -109,6 +109,35 @@ class HandleBook:
                 if self.records is not None:
                     self.records.put(f"uuid:{alias}", record.handle.encode())
 
+    def named(self, prompt: PromptInput) -> tuple[PromptInput, list[int]]:
+        """``prompt`` with its images prepared when any image sent with data has a ``uuid``
+        (vLLM's shape: the client may then send the uuid alone), and those images' indexes,
+        for ``register_named`` once the prompt is admitted (handles resolved first)."""
+        uuids = prompt.uuids or []
+        named = [i for i, uuid in enumerate(uuids) if uuid is not None]
+        return (self.prepared(prompt), named) if named else (prompt, [])
+
+    def register_named(self, prompt: PromptInput, named: Sequence[int]) -> None:
+        """Register images ``named`` of an admitted prompt (``named`` gave both) under their
+        uuids, before any step encodes them (see the class' invariants)."""
+        if named:
+            self.register([self.record(prompt, i) for i in named], prompt, named)
+
+    def prepared(self, prompt: PromptInput) -> PromptInput:
+        """``prompt`` with every image decoded and prepared (``PreparedImage``), as the
+        processor would, so records can describe them."""
+        processor = self.processor
+        processor.check_num_images(len(prompt.images))  # before decoding any
+        multi_image = processor.preparer.multi_image(len(prompt.images))
+        salt, kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
+        images = [
+            image
+            if isinstance(image, PreparedImage)
+            else processor.prepare_image(image, salt, kwargs, multi_image)
+            for image in prompt.images
+        ]
+        return dataclasses.replace(prompt, images=images)
+
     # ---- resolving them ------------------------------------------------------------------
     def resolve(self, prompt: PromptInput) -> tuple[PromptInput, set[str]]:
         """``prompt`` with each handle replaced by its record's image, and the handles used."""

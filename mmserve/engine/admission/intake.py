@@ -21,7 +21,6 @@ from mmserve.engine.setup.loading import torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import HandleRecord, is_handle
-from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams
 from mmserve.store import EncoderStore, StoreLookup
@@ -74,7 +73,7 @@ class RequestIntake:
         mc = self.front.processor.model_config
         width = mc.embedding_width or mc.hidden_size
         prompt, embeds = prepare_embeds(self.front.processor, prompt, torch_dtype(mc.dtype), width)
-        prompt, named = self._prepare_named(prompt) if name_uuids else (prompt, [])
+        prompt, named = self.handles.named(prompt) if name_uuids else (prompt, [])
         processed = checked_prompt(
             self.front.processor.process,
             prompt,
@@ -84,31 +83,8 @@ class RequestIntake:
         )
         found = self.handles.embeddings(processed, handles) | supply_embeds(processed, embeds)
         self.start_store_lookup(processed, found)
-        if named:  # admitted: later prompts may name these images by uuid alone
-            self.handles.register([self.handles.record(prompt, i) for i in named], prompt, named)
+        self.handles.register_named(prompt, named)  # admitted: later prompts may name them
         return processed
-
-    def _prepare_named(self, prompt: PromptInput) -> tuple[PromptInput, list[int]]:
-        """``prompt`` with its images prepared when any image sent with data has a ``uuid``
-        (vLLM's shape: the client may then send the uuid alone), and those images' indexes."""
-        uuids = prompt.uuids or []
-        named = [i for i, uuid in enumerate(uuids) if uuid is not None]
-        return (self._prepared(prompt), named) if named else (prompt, [])
-
-    def _prepared(self, prompt: PromptInput) -> PromptInput:
-        """``prompt`` with every image decoded and prepared (``PreparedImage``), as
-        ``process`` would, so records can describe them."""
-        processor = self.front.processor
-        processor.check_num_images(len(prompt.images))  # before decoding any
-        multi_image = processor.preparer.multi_image(len(prompt.images))
-        salt, kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
-        images = [
-            image
-            if isinstance(image, PreparedImage)
-            else processor.prepare_image(image, salt, kwargs, multi_image)
-            for image in prompt.images
-        ]
-        return dataclasses.replace(prompt, images=images)
 
     def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
         """An encode-ahead prompt (its images only: no handles, no videos) prepared and
@@ -119,7 +95,7 @@ class RequestIntake:
                 "encode takes one or more images (image_url parts with a URL, a data URL or"
                 " a file), no media handles, uuids without data or videos"
             )
-        ready = self._prepared(prompt)
+        ready = self.handles.prepared(prompt)
         processed = self.process(ready, name_uuids=False)  # registered once encoded
         return processed, [self.handles.record(ready, i) for i in range(len(ready.images))]
 

@@ -43,10 +43,12 @@ class FrontendEngine:
     nothing: ``get_metrics`` is empty and there is no step loop.
 
     Media handles: with the replicas' Redis store, ``handles`` resolves them as an engine does
-    (the records the replicas wrote, read from Redis with their weights fingerprint; same
-    tenant checks) and their items are marked ``by_handle``: the replica loads their
-    embeddings (``HandleBook.embeddings``) and never encodes them. Without Redis, ``handles``
-    is None and a prompt naming one is ``MediaHandleError`` ``media_handle_unsupported``."""
+    (the records the replicas and ingresses wrote, read from Redis with the replicas' weights
+    fingerprint; same tenant checks) and their items are marked ``by_handle``: the replica
+    loads their embeddings (``HandleBook.embeddings``) and never encodes them. A chat's images
+    sent with a ``uuid`` are registered there, as an engine registers them in its own. Without
+    Redis, ``handles`` is None and a prompt naming one is ``MediaHandleError``
+    ``media_handle_unsupported``."""
 
     def __init__(
         self, settings: EngineArgs, facts: ReplicaFacts, media_policy: MediaFetchPolicy
@@ -72,14 +74,19 @@ class FrontendEngine:
                 timeout_s = store_config.timeout_ms / 1000
                 self.handles = HandleBook(self.processor, store, lambda key: None, timeout_s)
 
-    def process(self, prompt: PromptInput) -> ProcessedPrompt:
+    def process(self, prompt: PromptInput, *, name_uuids: bool = True) -> ProcessedPrompt:
         """``RequestIntake.process`` without the store lookups (the replica starts those, and
-        loads the embeddings of handles): the same processor and the same refusals."""
+        loads the embeddings of handles): the same processor, the same refusals and, with the
+        shared store, the same registration of images sent with a ``uuid`` (``name_uuids``;
+        the replica registers encode-ahead's once encoded). A replica then asks for the image
+        again until the embedding is in its cache or the store."""
         used: set[str] = set()
-        if any(map(is_handle, prompt.images)):
-            if self.handles is None:
-                raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
+        named: list[int] = []
+        if self.handles is not None:
             prompt, used = self.handles.resolve(prompt)  # blocking: records from Redis
+            prompt, named = self.handles.named(prompt) if name_uuids else (prompt, [])
+        elif any(map(is_handle, prompt.images)):
+            raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
         processed = checked_prompt(
             self.processor.process,
             prompt,
@@ -91,6 +98,8 @@ class FrontendEngine:
         for i, item in enumerate(items):  # as ``HandleBook.embeddings`` marks them
             if item.hash.split("#", 1)[0] in used:
                 items[i] = dataclasses.replace(item, by_handle=True)
+        if self.handles is not None:  # admitted: later chats may name them, through any ingress
+            self.handles.register_named(prompt, named)
         return processed
 
     def default_sampling_params(self) -> SamplingParams:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncGenerator
 from typing import Any, cast
@@ -111,7 +112,8 @@ class RoutedEngine(AsyncLLMEngine):
         ready = await self.admission.prepare(prompt)
         route = None  # a prompt encode refuses (no images, handles, videos): the replica says so
         if ready.images and not ready.videos and not any(map(is_handle, ready.images)):
-            processed = await self.run_text(frontend.process, ready)
+            unnamed = functools.partial(frontend.process, name_uuids=False)  # once encoded
+            processed = await self.run_text(unnamed, ready)
             route = route_key(processed, processed.cache_salt)
         try:
             blobs = await self.replicas.encode.remote(ready, route=route)
