@@ -1,10 +1,10 @@
 """``image_embeds`` content parts through a real server (vLLM's request shape): with
 ``--enable-mm-embeds`` the encoder's own output, sent as a base64 ``torch.save``d tensor
 (Qwen-VL: with its grid), answers as the image does and encodes nothing; a pickle
-``weights_only`` refuses, a sparse or nested tensor, an expanded view, a wrong shape or bad
-base64 are 400s, an oversize value a 413, and the server keeps serving after each. Without the
-flag any such part is a 400 (``mm_embeds_disabled``) on chat, ``/tokenize`` and
-``/v1/mm/encode``."""
+``weights_only`` refuses, a sparse or nested tensor, an expanded view, a wrong shape, bad
+base64, a uuid or an encode are 400s, an oversize value a 413, and the server keeps serving
+after each. Without the flag any such part is a 400 (``mm_embeds_disabled``) on chat,
+``/tokenize`` and ``/v1/mm/encode``."""
 
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ class Boom:
         return (print, ("unpickled!",))
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_bad_payloads_are_refused_and_the_server_keeps_serving(served, capfd):
     model, server, http = served
     emb, grid = encoder_output(server, http, model)
@@ -128,6 +129,10 @@ def test_bad_payloads_are_refused_and_the_server_keeps_serving(served, capfd):
         assert "image_grid_thw" in error_of(http.post(CHAT, json=chat(model, part)))["message"]
         part["image_embeds"]["image_grid_thw"] = [[1, 2, 2]]  # a JSON list is vLLM's too
         assert "image_grid_thw" in error_of(http.post(CHAT, json=chat(model, part)))["message"]
+    with_uuid = {**embeds_part(saved(emb), grid), "uuid": "mine"}
+    assert "uuid" in error_of(http.post(CHAT, json=chat(model, with_uuid)))["message"]
+    encode = {"model": model, "content": [embeds_part(saved(emb), grid)]}
+    assert "send them with the chat" in error_of(http.post(ENCODE, json=encode))["message"]
     huge = "A" * (4 * -(-MAX_IMAGE_BYTES // 3) + 4)  # refused on its length, before decoding
     err = error_of(http.post(CHAT, json=chat(model, embeds_part(huge, grid))), 413)
     assert err["code"] == "image_too_large"
