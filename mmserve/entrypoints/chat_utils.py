@@ -87,10 +87,12 @@ def _embeds(part: dict[str, Any], where: str) -> ImageEmbeds:
         value, grid = value.get("image_embeds"), value.get("image_grid_thw")
     if value is None:
         raise ValueError(f"{where} has no image_embeds")
+    if part.get("uuid") is not None:
+        raise ValueError(f"{where}: image_embeds take no uuid: they are keyed by their content")
     if isinstance(value, str):
         raise ValueError(
-            f"{where}: image_embeds sent as serialized tensors (vLLM's --enable-mm-embeds) are"
-            " not accepted by this server; send the image, or pass a tensor to the offline API"
+            f"{where}: image_embeds given as serialized tensors are decoded by the server only"
+            " (started with --enable-mm-embeds); offline, pass the tensor itself"
         )
     return ImageEmbeds(value, grid)
 
@@ -105,7 +107,7 @@ def parse_chat_messages(
     "uuid"?}, {"type": "image", "image": PIL.Image | path | bytes, "uuid"?} (a url
     ``mmserve://<handle>``, or a uuid without data, names an image encoded before: a
     ``MediaHandle``), {"type": "image_embeds", "image_embeds": tensor | {"image_embeds",
-    "image_grid_thw"}} (an ``ImageEmbeds``: offline only), {"type":
+    "image_grid_thw"}} (an ``ImageEmbeds``; the server decodes serialized ones first), {"type":
     "video_url", "video_url": {"url"} | url}, {"type": "video", "video": path | bytes |
     frames}; the template sees {"type": "image"} / {"type": "video"}. String content stays a
     string; ``name`` is passed to the template.

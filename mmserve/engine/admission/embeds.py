@@ -47,9 +47,10 @@ def prepare_embeds(
         raise ValueError("image_embeds take no uuid: they are keyed by their content")
     multi_image = processor.preparer.multi_image(len(prompt.images))
     images, found = list(prompt.images), {}
+    max_rows = max_embeds_rows(processor)
     for i, image in enumerate(images):
         if isinstance(image, ImageEmbeds):
-            tensor = _checked_tensor(image.embeds, width).to(dtype)
+            tensor = _checked_tensor(image.embeds, width, max_rows).to(dtype)
             prepared = _prepared(processor, image, tensor, prompt, multi_image)
             images[i] = prepared
             found[processor.item_key(prepared, None, prompt.cache_salt)] = tensor
@@ -70,11 +71,16 @@ def supply_embeds(processed: ProcessedPrompt, found: dict[str, torch.Tensor]) ->
     return futures
 
 
-def _checked_tensor(embeds: Any, width: int) -> torch.Tensor:
+def check_embeds_shape(embeds: Any, width: int, max_rows: int) -> torch.Tensor:
+    """``embeds`` as a ``(tokens, width)`` tensor if it is a dense floating one of at most
+    ``max_rows`` rows (a leading batch dimension of 1 dropped), else a ValueError naming what
+    is wrong. It reads only the tensor's metadata: no data is touched, nothing is allocated
+    (an expanded view of a few bytes may claim any number of rows)."""
     if not isinstance(embeds, torch.Tensor):
         raise ValueError(f"image_embeds must be a torch.Tensor, got {type(embeds).__name__}")
-    if embeds.layout != torch.strided:  # before any other op on it (vLLM's sparse-tensor CVE)
-        raise ValueError(f"image_embeds must be a dense tensor, got layout {embeds.layout}")
+    if embeds.layout != torch.strided or embeds.is_nested:  # vLLM's sparse-tensor CVE
+        layout = "nested" if embeds.is_nested else embeds.layout
+        raise ValueError(f"image_embeds must be a dense tensor, got layout {layout}")
     if embeds.dim() == 3 and embeds.shape[0] == 1:
         embeds = embeds[0]
     if embeds.dim() != 2 or not embeds.is_floating_point() or embeds.shape[1] != width:
@@ -82,9 +88,36 @@ def _checked_tensor(embeds: Any, width: int) -> torch.Tensor:
             f"image_embeds must be a floating (tokens, {width}) tensor for this model, got"
             f" {embeds.dtype} {tuple(embeds.shape)}"
         )
+    if embeds.shape[0] > max_rows:
+        raise ValueError(
+            f"image_embeds has {embeds.shape[0]} rows, an image takes at most {max_rows} here"
+        )
+    return embeds
+
+
+def _checked_tensor(embeds: Any, width: int, max_rows: int) -> torch.Tensor:
+    embeds = check_embeds_shape(embeds, width, max_rows)
     if embeds.shape[0] == 0 or not bool(torch.isfinite(embeds).all()):
         raise ValueError("image_embeds must be non-empty and finite")
     return embeds.detach().to("cpu").contiguous()
+
+
+def max_embeds_rows(processor: InputProcessor) -> int:
+    """The most rows one image's embeddings may have in this model (its largest image)."""
+    mc = processor.model_config
+    return mc.max_tokens_per_image or mc.max_model_len
+
+
+def _grid(grid: Any) -> list[int]:
+    """An ``image_grid_thw`` as a list of ints; a tensor is checked before it is read."""
+    if isinstance(grid, torch.Tensor) and (
+        grid.layout != torch.strided or grid.is_nested or grid.numel() != 3
+    ):
+        raise ValueError(f"image_grid_thw must be one image's (1, h, w) grid, got {grid.shape}")
+    values = np.asarray(grid).reshape(-1)
+    if values.size != 3 or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"image_grid_thw must be one image's (1, h, w) grid, got {grid!r:.80}")
+    return [int(v) for v in values]
 
 
 def _prepared(
@@ -100,7 +133,7 @@ def _prepared(
         return processor.prepare_image(Image.new("RGB", size), salt, kwargs, multi_image)
 
     if image.image_grid_thw is not None:
-        grid = [int(v) for v in np.asarray(image.image_grid_thw).reshape(-1)]
+        grid = _grid(image.image_grid_thw)
         patch = int(getattr(processor.preparer.image_processor, "patch_size", 0) or 0)
         if len(grid) != 3 or grid[0] != 1 or not patch or min(grid) < 1:
             raise ValueError(f"image_grid_thw {grid} is not one image's (1, h, w) grid here")

@@ -19,7 +19,7 @@ from mmserve.engine.output.output_processor import OutputProcessor
 from mmserve.engine.setup.generation_defaults import default_max_tokens
 from mmserve.engine.setup.loading import torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
-from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
+from mmserve.inputs import ImageEmbeds, MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import HandleRecord, is_handle
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams
@@ -90,10 +90,12 @@ class RequestIntake:
         """An encode-ahead prompt (its images only: no handles, no videos) prepared and
         ``process``ed as any prompt is, with the records its handles will name (registered by
         ``LLMEngine`` once the embeddings exist). Thread-safe and blocking, as ``process``."""
-        if not prompt.images or prompt.videos or any(map(is_handle, prompt.images)):
+        named = any(is_handle(i) or isinstance(i, ImageEmbeds) for i in prompt.images)
+        if not prompt.images or prompt.videos or named:
             raise ValueError(
                 "encode takes one or more images (image_url parts with a URL, a data URL or"
-                " a file), no media handles, uuids without data or videos"
+                " a file), no media handles, uuids without data, image_embeds (encoded"
+                " already: send them with the chat) or videos"
             )
         ready = self.handles.prepared(prompt)
         processed = self.process(ready, name_uuids=False)  # registered once encoded

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from mmserve.engine.setup.model_front import ModelFront
-from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
+from mmserve.inputs import ImageEmbeds, ProcessedPrompt, PromptInput, VideoFrames
 from mmserve.multimodal.handles import is_handle
 from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media.policy import MediaKind
@@ -212,9 +212,9 @@ class AdmissionPipeline:
         """In a media worker process with the engine's processor settings; in the media
         threads for sources the workers do not take or per-request image settings.
         ``multi_image``: the prompt's images take the multi-image mode (``InputProcessor``).
-        A media handle comes back as it is."""
+        A media handle or an ``ImageEmbeds`` comes back as it is."""
         processor = self.processor
-        if is_handle(source):
+        if is_handle(source) or isinstance(source, ImageEmbeds):
             return source  # resolved by ``Admission.process`` (the engine's ``HandleBook``)
         own_settings = processor.image_kwargs(mm_kwargs) is not None
         if self.media_workers is None or not isinstance(source, (bytes, str)) or own_settings:

@@ -87,7 +87,7 @@ def build_app(
     app = FastAPI(title="mmserve", lifespan=lifespan)
     app.state.engine = engine
     app.state.json_guard = guard
-    serving = OpenAIServing(engine, served_model_names, model_aliases)
+    serving = OpenAIServing(engine, served_model_names, model_aliases, policy.mm_embeds)
     app.state.serving = serving
     engine.stats.set_model_name(served_model_names[0])
     install_error_handlers(app)

@@ -138,6 +138,11 @@ def add_serve_parser(
         " (niced, off the server's GIL); 0 runs them in threads of the server process"
         " (default: half the cores, at least 1, at most 4)",
     )
+    p.add_argument(
+        "--enable-mm-embeds",
+        action="store_true",
+        help="accept image_embeds parts (base64 torch.save'd tensors; default: a 400)",
+    )
     m = p.add_argument_group("media fetching (image and video URLs)")
     m.add_argument(
         "--allowed-local-media-path",
@@ -232,6 +237,7 @@ def http_policy(args: argparse.Namespace) -> HTTPPolicy:
         allowed_origins=tuple(args.allowed_origins or ()),
         limits=limits_from_args(args),
         ui=ui_default(args.host) if args.ui is None else args.ui,
+        mm_embeds=args.enable_mm_embeds,
     )
 
 

@@ -101,12 +101,12 @@ def test_bad_inputs_are_4xx_and_the_server_keeps_serving(served, bait):
         (ENCODE, {"model": model, "content": [image_part(i) for i in range(3)]}, 400, "limit"),
         (ENCODE, {"model": model, "content": [by_handle("ab" * 32)]}, 400, "no media handles"),
         (ENCODE, {"model": model, "content": []}, 400, "content"),
-        # precomputed embeddings are the offline API's only (docs/serving.md)
+        # precomputed embeddings need --enable-mm-embeds (test_server_image_embeds.py)
         (
             CHAT,
             handle_chat(model, {"type": "image_embeds", "image_embeds": "aGk="}),
             400,
-            "'image_embeds' found",
+            "--enable-mm-embeds",
         ),  # fmt: skip
         (ENCODE, {"model": model, "content": [{"type": "text", "text": "hi"}]}, 400, "images"),
         (

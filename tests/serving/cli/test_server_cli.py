@@ -51,6 +51,7 @@ FLAGS = [
     "--max-concurrent-media-fetches",
     "--max-video-bytes",
     "--public-metrics",
+    "--enable-mm-embeds",
     "--allowed-hosts",
     "--allowed-origins",
     "--shutdown-timeout",

@@ -6,7 +6,8 @@ fields mmserve does not implement are accepted only at their neutral values), so
 silently ignored. vLLM extensions implemented: ``top_k`` (-1 or 0 disables), ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, per-part ``uuid``,
 ``cache_salt`` (scopes prefix- and encoder-cache hits to requests with the same salt),
-``prompt_logprobs``, ``mm_processor_kwargs`` (chat), ``video_url`` content parts.
+``prompt_logprobs``, ``mm_processor_kwargs`` (chat), ``video_url`` content parts,
+``image_embeds`` content parts (with ``--enable-mm-embeds``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,22 @@ class VideoURLPart(BaseModel):
     uuid: str | None = None  # refused (not supported for videos), not ignored
 
 
-ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+class ImageEmbedsValue(BaseModel):
+    image_embeds: str  # base64 of a torch.save'd tensor
+    image_grid_thw: str | list[int] | list[list[int]] | None = None  # Qwen-VL: base64 or list
+
+
+class ImageEmbedsPart(BaseModel):
+    """vLLM's ``image_embeds`` part: served only with ``--enable-mm-embeds``."""
+
+    type: Literal["image_embeds"]
+    image_embeds: str | ImageEmbedsValue
+    uuid: str | None = None  # refused (keyed by content), not ignored
+
+
+ContentPart = Annotated[
+    TextPart | ImageURLPart | VideoURLPart | ImageEmbedsPart, Field(discriminator="type")
+]
 
 
 class ToolCallFunction(BaseModel):

@@ -23,6 +23,11 @@ from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
+from mmserve.entrypoints.openai.completions.mm_embeds import (
+    EmbedsDecoder,
+    has_embeds,
+    refuse_embeds,
+)
 from mmserve.entrypoints.openai.completions.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -70,15 +75,19 @@ def chat_options(req: ChatCompletionRequest) -> ChatOptions:
 
 
 class OpenAIServing:
-    """Validation, generation and response shaping for one served model."""
+    """Validation, generation and response shaping for one served model (``mm_embeds``:
+    ``--enable-mm-embeds``, ``image_embeds`` parts are accepted)."""
 
     def __init__(
         self,
         engine: AsyncLLMEngine,
         served_model_names: list[str],
         model_aliases: set[str] | None = None,
+        mm_embeds: bool = False,
     ) -> None:
         self.engine = engine
+        self.mm_embeds = mm_embeds
+        self._embeds: EmbedsDecoder | None = None
         self.model_name = served_model_names[0]
         self.accepted_names = set(served_model_names) | (model_aliases or set())
         self.shaper = ResponseShaper(engine.tokenizer, self.model_name)
@@ -97,6 +106,7 @@ class OpenAIServing:
         factory = sampling_factory(self.engine, req, constraint)
         options = chat_options(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        messages = await self.decode_embeds(messages)
         template = self.engine.chat_template
         inp = await self.engine.run_text(
             _render, self.engine.tokenizer, messages, template, options
@@ -148,6 +158,19 @@ class OpenAIServing:
             self.engine.engine.processor.check_mm_kwargs(kwargs)
         except ValueError as exc:
             raise APIError(400, str(exc), param="mm_processor_kwargs") from None
+
+    async def decode_embeds(
+        self, messages: list[dict[str, Any]], field: str = "messages"
+    ) -> list[dict[str, Any]]:
+        """``messages`` with their ``image_embeds`` parts' tensors decoded in the text pool
+        (``completions.mm_embeds``); without ``mm_embeds`` such a part is a 400."""
+        if not has_embeds(messages):
+            return messages
+        if not self.mm_embeds:
+            raise refuse_embeds(field)
+        if self._embeds is None:
+            self._embeds = EmbedsDecoder.of(self.engine)
+        return await self.engine.run_text(self._embeds.decode, messages, field)
 
     async def _compile(self, constraint: tuple[str, StructuredOutputsParams] | None) -> None:
         """Compile the output constraint in the text pool (cached by content); 400 if bad."""

@@ -33,3 +33,4 @@ class HTTPPolicy:
     allowed_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
     limits: RequestLimits = field(default_factory=RequestLimits)
     ui: bool = False  # serve the playground page at /
+    mm_embeds: bool = False  # accept image_embeds parts (vLLM's --enable-mm-embeds)

@@ -47,7 +47,7 @@ class EncodeHandler:
         self.engine.check_health()
         self.serving.check_model(req.model)
         parts = [part.model_dump(exclude_none=True) for part in req.content]
-        messages = [{"role": "user", "content": parts}]
+        messages = await self.serving.decode_embeds([{"role": "user", "content": parts}], "content")
         engine = self.engine
         prompt = await engine.run_text(
             chat_to_prompt, engine.tokenizer, messages, req.cache_salt, engine.chat_template

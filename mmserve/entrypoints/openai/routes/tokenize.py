@@ -103,6 +103,7 @@ class TokenizeHandler:
         engine, tokenizer = self.engine, self.engine.tokenizer
         if req.messages is not None:
             messages = [m.model_dump(exclude_none=True) for m in req.messages]
+            messages = await self.serving.decode_embeds(messages)
             options = _chat_options(req)
             template = engine.chat_template
             inp = await engine.run_text(
