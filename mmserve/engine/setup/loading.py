@@ -18,7 +18,7 @@ from mmserve.engine.setup.dtype import choose_dtype, log_dtype_choice
 from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.graph_config import DecodeGraphConfig
-from mmserve.layers.linear import use_small_batch_kernel
+from mmserve.layers.linear import use_packed_float32, use_small_batch_kernel
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.loader import materialize
@@ -164,6 +164,7 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
     model.load_weights(model_config.path)
     model.eval()
     use_small_batch_kernel(module)  # decode-sized half-precision matmuls on CPU
+    use_packed_float32(module)  # float32 matmuls on CPU: oneDNN's packed weights
     return model
 
 
