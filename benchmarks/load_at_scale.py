@@ -93,15 +93,6 @@ def summary(values: list[float], scale: float = 1.0) -> str:
     return f"{statistics.median(scaled):.2f} ({min(scaled):.2f}-{max(scaled):.2f})"
 
 
-def warm_page_cache(path: Path) -> None:
-    """Read every file of checkpoint ``path`` once (untimed), into the page cache."""
-    buffer = bytearray(64 << 20)
-    for file in sorted(p for p in path.iterdir() if p.is_file()):
-        with open(file, "rb", buffering=0) as f:
-            while f.readinto(buffer):
-                pass
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         engine, path, kv, started = sys.argv[2:6]
@@ -109,6 +100,7 @@ def main() -> None:
         return
     from mmserve.bench.lib.priority import add_priority_arg, apply_priority
     from mmserve.bench.lib.provenance import engine_versions
+    from mmserve.bench.real.run import warm_page_cache
     from mmserve.models.tiny import resolve_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
