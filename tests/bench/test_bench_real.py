@@ -132,7 +132,15 @@ def test_vllm_gets_the_prompts_and_images_mmserve_gets(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "flag", [["--resolution", "0x5"], ["--decode-batches", "1,x"], ["--reuse", "100"]]
+    "flag",
+    [
+        ["--resolution", "0x5"],
+        ["--decode-batches", "1,x"],
+        ["--reuse", "100"],
+        ["--rounds", "0"],
+        ["--decode-tokens", "1"],
+        ["--ttft-repeats", "x"],
+    ],
 )
 def test_bad_options_are_one_line_errors(flag: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_:

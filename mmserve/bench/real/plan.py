@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 
 from mmserve.bench.gpu.plan import DRY_RUN, QWEN2_VL_2B, Profile
 from mmserve.bench.lib.priority import add_priority_arg
@@ -29,6 +30,21 @@ def _resolution(text: str) -> tuple[int, int]:
     if min(size) < 1:
         raise argparse.ArgumentTypeError(f"--resolution {text!r}: sizes must be positive")
     return size
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected at least {low}")
+        return value
+
+    return parse
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -60,19 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--models", default=f"{QWEN2_VL_2B},{ONEVISION_0_5B}")
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=_at_least(1), default=3)
+    parser.add_argument("--threads", type=_at_least(1), default=2)
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"))
     parser.add_argument("--resolution", type=_resolution, default=(448, 448))
-    parser.add_argument("--ttft-repeats", type=int, default=2)
-    parser.add_argument("--decode-tokens", type=int, default=16)
+    parser.add_argument("--ttft-repeats", type=_at_least(1), default=2)
+    parser.add_argument("--decode-tokens", type=_at_least(2), default=16)
     parser.add_argument("--decode-batches", type=_ints, default=(1, 8))
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--answer-tokens", type=int, default=16)
-    parser.add_argument("--reuse-requests", type=int, default=16)
+    parser.add_argument("--turns", type=_at_least(1), default=4)
+    parser.add_argument("--answer-tokens", type=_at_least(1), default=16)
+    parser.add_argument("--reuse-requests", type=_at_least(1), default=16)
     parser.add_argument("--reuse", type=_fractions, default=(0.0, 0.3), help="percentages")
-    parser.add_argument("--kv-gib", type=int, default=1, help="KV cache of mmserve and vLLM")
-    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--kv-gib", type=_at_least(1), default=1, help="KV cache, GiB")
+    parser.add_argument("--max-model-len", type=_at_least(2), default=8192)
     parser.add_argument(
         "--transformers-reuse",
         action="store_true",

@@ -33,7 +33,6 @@ from mmserve.bench.lib.workloads import Spec, reuse_specs
 from mmserve.bench.multiturn.conversation import question
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.tables import render
-from mmserve.bench.reuse.workload import Workload
 from mmserve.models.tiny import resolve_model_path
 
 VLLM_REAL = Path(__file__).parents[1] / "lib" / "vllm_real.py"
@@ -77,7 +76,7 @@ def run_child(cfg: dict[str, Any], threads: int, timeout: float) -> dict[str, An
 def vllm_payload(profile: Profile, model: str, images: ImageDir) -> dict[str, Any]:
     """The workload of ``measure_mmserve`` as ``vllm_real.py`` takes it (same prompts, same
     image seeds, images as PNG files)."""
-    work = Workload(model, profile.resolution)
+    work = workload(profile, model)
 
     def as_files(specs: list[Spec]) -> list[dict[str, Any]]:
         return [{"prompt": work.prompt(s), "image": images.path(s.image_seed)} for s in specs]
@@ -98,7 +97,7 @@ def vllm_payload(profile: Profile, model: str, images: ImageDir) -> dict[str, An
             profile.max_model_len, max(profile.turns, 2), processor_kwargs_for(model, None)
         ),
         "started": 0.0,  # set by run_worker just before the process starts
-        "text_prompt": text_prompt(workload(profile, model)),
+        "text_prompt": text_prompt(work),
         "warmup": as_files(fresh(2, WARMUP_RUN)),
         "ttft": as_files(fresh(profile.ttft_repeats, TTFT_RUN)),
         "decode_batches": list(profile.decode_batches),
