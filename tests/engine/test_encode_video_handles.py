@@ -85,9 +85,9 @@ def test_a_video_handle_resolves_only_in_its_tenant_and_only_as_a_video(llm):
 
 
 def test_evicted_video_handle_asks_for_the_video_again():
-    llm = LLM("tiny-qwen2-vl", encoder_cache_size=300)
+    llm = LLM("tiny-qwen2-vl", encoder_cache_size=256)  # a 32-token video, 64-token images
     [first] = llm.encode([video_part(video_url(12, 6, (112, 112)))])
-    for seed in (21, 22, 23):
+    for seed in (21, 22, 23, 24):
         llm.encode([image_part(data_url(seed, (224, 224)))])  # evict the video's groups
     with pytest.raises(MediaHandleError, match="send the video again") as info:
         llm.chat(chat_of(video_part(f"mmserve://{first['handle']}")), GREEDY, False)

@@ -20,7 +20,7 @@ from mmserve.engine.setup.generation_defaults import default_max_tokens
 from mmserve.engine.setup.loading import torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
-from mmserve.multimodal.handles import HandleRecord, is_handle
+from mmserve.multimodal.handles import VIDEO_CLASSES, HandleRecord, is_handle
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.request import Request
 from mmserve.sampling_params import SamplingParams
@@ -96,10 +96,11 @@ class RequestIntake:
         return (self._prepared(prompt), named) if named else (prompt, [])
 
     def _prepared(self, prompt: PromptInput) -> PromptInput:
-        """``prompt`` with every image decoded and prepared (``PreparedImage``), as
-        ``process`` would, so records can describe them."""
+        """``prompt`` with every image (and video) decoded and prepared (``PreparedImage``, a
+        prepared video), as ``process`` would, so records can describe them."""
         processor = self.front.processor
         processor.check_num_images(len(prompt.images))  # before decoding any
+        processor.videos.check_count(len(prompt.videos))
         multi_image = processor.preparer.multi_image(len(prompt.images))
         salt, kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
         images = [
@@ -108,20 +109,32 @@ class RequestIntake:
             else processor.prepare_image(image, salt, kwargs, multi_image)
             for image in prompt.images
         ]
-        return dataclasses.replace(prompt, images=images)
+        videos = [
+            video
+            if isinstance(video, VIDEO_CLASSES)
+            else processor.prepare_video(video, kwargs, salt)
+            for video in prompt.videos
+        ]
+        return dataclasses.replace(prompt, images=images, videos=videos)
 
     def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
-        """An encode-ahead prompt (its images only: no handles, no videos) prepared and
-        ``process``ed as any prompt is, with the records its handles will name (registered by
-        ``LLMEngine`` once the embeddings exist). Thread-safe and blocking, as ``process``."""
-        if not prompt.images or prompt.videos or any(map(is_handle, prompt.images)):
+        """An encode-ahead prompt (its images and videos: no handles) prepared and ``process``ed
+        as any prompt is, with the records its handles will name (registered by ``LLMEngine``
+        once the embeddings exist): the images', then the videos' (``in_content_order`` puts
+        them in the content's order). Thread-safe and blocking, as ``process``."""
+        media = [*prompt.images, *prompt.videos]
+        if not media or any(map(is_handle, media)):
             raise ValueError(
-                "encode takes one or more images (image_url parts with a URL, a data URL or"
-                " a file), no media handles, uuids without data or videos"
+                "encode takes one or more images or videos (image_url or video_url parts with a"
+                " URL, a data URL or a file), no media handles or uuids without data"
             )
         ready = self._prepared(prompt)
         processed = self.process(ready, name_uuids=False)  # registered once encoded
-        return processed, [self.handles.record(ready, i) for i in range(len(ready.images))]
+        handles = self.handles
+        records = [handles.record(ready, i) for i in range(len(ready.images))]
+        return processed, records + [
+            handles.video_record(ready, i) for i in range(len(ready.videos))
+        ]
 
     def start_store_lookup(
         self, processed: ProcessedPrompt, found: dict[str, Future] | None = None

@@ -12,7 +12,7 @@ from mmserve.engine.setup.loading import create_engine_config, torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt, PromptInput
-from mmserve.multimodal.handles import MediaHandleError, is_handle
+from mmserve.multimodal.handles import MediaHandleError, handle_of, is_handle
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 from mmserve.store.factory import open_shared_store
@@ -76,7 +76,7 @@ class FrontendEngine:
         """``RequestIntake.process`` without the store lookups (the replica starts those, and
         loads the embeddings of handles): the same processor and the same refusals."""
         used: set[str] = set()
-        if any(map(is_handle, prompt.images)):
+        if any(map(is_handle, [*prompt.images, *prompt.videos])):
             if self.handles is None:
                 raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
             prompt, used = self.handles.resolve(prompt)  # blocking: records from Redis
@@ -89,7 +89,7 @@ class FrontendEngine:
         )
         items = processed.mm_items
         for i, item in enumerate(items):  # as ``HandleBook.embeddings`` marks them
-            if item.hash.split("#", 1)[0] in used:
+            if handle_of(item.hash) in used:
                 items[i] = dataclasses.replace(item, by_handle=True)
         return processed
 

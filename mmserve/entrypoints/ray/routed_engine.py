@@ -109,8 +109,9 @@ class RoutedEngine(AsyncLLMEngine):
         if frontend.handles is None:
             raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
         ready = await self.admission.prepare(prompt)
-        route = None  # a prompt encode refuses (no images, handles, videos): the replica says so
-        if ready.images and not ready.videos and not any(map(is_handle, ready.images)):
+        route = None  # a prompt encode refuses (no media, handles): the replica says so
+        media = [*ready.images, *ready.videos]
+        if media and not any(map(is_handle, media)):
             processed = await self.run_text(frontend.process, ready)
             route = route_key(processed, processed.cache_salt)
         try:
