@@ -12,6 +12,7 @@ from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.setup.chat_template import ChatTemplate
 from mmserve.entrypoints.chat_utils import ChatOptions, chat_to_prompt
 from mmserve.inputs import PromptInput
+from mmserve.multimodal.handles import in_content_order, media_kinds
 from mmserve.sampling_params import SamplingParams
 
 
@@ -87,15 +88,18 @@ class LLM:
     def encode(
         self, content: list[dict[str, Any]], cache_salt: str | None = None
     ) -> list[dict[str, Any]]:
-        """Encode images ahead of the prompts that will use them (as ``POST /v1/mm/encode``):
-        ``content`` is a user message's content parts (``image_url`` / ``image``, with an
-        optional ``uuid``); returns ``{"type": "image", "handle", "tokens"}`` per image. A later
-        prompt of the same ``cache_salt`` names one by ``mmserve://<handle>`` (an image URL, or
-        an item of a prompt dict's "images") or by its ``uuid`` without data."""
+        """Encode images and videos ahead of the prompts that will use them (as ``POST
+        /v1/mm/encode``): ``content`` is a user message's content parts (``image_url`` /
+        ``image``, with an optional ``uuid``; ``video_url`` / ``video``); returns ``{"type":
+        "image" | "video", "handle", "tokens"}`` per image and video, in content order. A later
+        prompt of the same ``cache_salt`` names one by ``mmserve://<handle>`` (an image or video
+        URL, or an item of a prompt dict's "images" or "videos") or an image by its ``uuid``
+        without data."""
         messages = [{"role": "user", "content": content}]
         template = self.engine.chat_template
         prompt = chat_to_prompt(self.engine.tokenizer, messages, cache_salt, template)
-        return [record.item for record in self.engine.encode(prompt)]
+        records = in_content_order(self.engine.encode(prompt), media_kinds(content))
+        return [record.item for record in records]
 
     def _run(
         self,

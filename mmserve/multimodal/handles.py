@@ -1,29 +1,42 @@
-"""Media handles: an image encoded ahead (``/v1/mm/encode``, ``LLM.encode``) named in a later
-prompt by ``mmserve://<handle>`` (or by the ``uuid`` it was sent with) instead of its bytes.
+"""Media handles: an image or a video encoded ahead (``/v1/mm/encode``, ``LLM.encode``) named
+in a later prompt by ``mmserve://<handle>`` (an image by the ``uuid`` it was sent with, too)
+instead of its bytes.
 
-A handle is the image's encoder-cache key hash (``MultiModalItem.hash``): its content hash,
-scoped to the tenant's ``cache_salt``. Its ``HandleRecord`` keeps what the processor needs to
-build the prompt without the pixels (placeholder count, image size, multi-image mode and the
-processor output with its large arrays left out: Qwen2-VL's ``image_grid_thw``, LLaVA-
-OneVision's ``image_sizes``, Idefics3's tile layout stay).
+An image's handle is its encoder-cache key hash (``MultiModalItem.hash``): its content hash,
+scoped to the tenant's ``cache_salt``. A video's is its content hash so scoped, which every
+piece's item hash (frame group, frame) starts with (``handle_of``). Its ``HandleRecord`` keeps
+what the processor needs to build the prompt without the pixels (placeholder count, image size,
+multi-image mode and the processor output with its large arrays left out: Qwen2-VL's
+``image_grid_thw``, LLaVA-OneVision's ``image_sizes``, Idefics3's tile layout stay; a video's
+grid, frame count and times).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import blake3
 import numpy as np
 
 from mmserve.multimodal.hashing import salted
 from mmserve.multimodal.image.memo import PreparedImage
+from mmserve.multimodal.video.memo import AnyPreparedVideo
+from mmserve.multimodal.video.onevision import PreparedOnevisionVideo
+from mmserve.multimodal.video.prep import PreparedVideo
+from mmserve.multimodal.video.smolvlm_prep import PreparedSmolVideo
 
 SCHEME = "mmserve://"
-RECORD_VERSION = 1
+RECORD_VERSION = 1  # an image's record; a video's is version 2 (readers of 1 refuse it)
+VIDEO_RECORD_VERSION = 2
+VIDEO_CLASSES = (PreparedVideo, PreparedOnevisionVideo, PreparedSmolVideo)
+VIDEO_TYPES: dict[str, type[AnyPreparedVideo]] = {cls.__name__: cls for cls in VIDEO_CLASSES}
+MediaKind = Literal["image", "video"]
 _HANDLE = re.compile(r"[0-9a-f]{64}")
 KEPT_ARRAY_BYTES = 4096  # processor-output arrays up to this size are kept, larger ones blanked
 
@@ -44,8 +57,9 @@ class MediaHandleError(ValueError):
 
 @dataclass(frozen=True)
 class MediaHandle:
-    """An image named by reference in a prompt: ``handle`` (from ``mmserve://<handle>``) or
-    ``uuid`` (vLLM's part ``uuid`` sent without data); exactly one is set."""
+    """An image or a video named by reference in a prompt: ``handle`` (from
+    ``mmserve://<handle>``) or an image's ``uuid`` (vLLM's part ``uuid`` sent without data);
+    exactly one is set."""
 
     handle: str | None = None
     uuid: str | None = None
@@ -79,6 +93,35 @@ def as_handle(source: Any) -> MediaHandle:
     return MediaHandle(handle=text)
 
 
+def handle_of(item_hash: str) -> str:
+    """The handle an item's hash belongs to: an image's key less its crop (``#<crop>``), a
+    video's less its piece (``.g<i>/<t>``, ``.f<i>/<n>``)."""
+    return item_hash.split("#", 1)[0].split(".", 1)[0]
+
+
+def media_kinds(content: Sequence[Any]) -> list[MediaKind]:
+    """The kinds of a message's media parts, in content order."""
+    kinds: list[MediaKind] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("image_url", "image", "image_embeds"):
+            kinds.append("image")
+        elif kind in ("video_url", "video"):
+            kinds.append("video")
+    return kinds
+
+
+def in_content_order(
+    records: Sequence[HandleRecord], kinds: Sequence[MediaKind]
+) -> list[HandleRecord]:
+    """Records of an encode (images first, then videos, each in order) in content order."""
+    images = iter([record for record in records if record.kind == "image"])
+    videos = iter([record for record in records if record.kind == "video"])
+    if len(kinds) != len(records) or sorted(kinds) != sorted(r.kind for r in records):
+        return list(records)
+    return [next(images) if kind == "image" else next(videos) for kind in kinds]
+
+
 def uuid_alias(uuid: str, cache_salt: str | None) -> str:
     """The tenant-scoped name under which an image's ``uuid`` points to its handle."""
     if not isinstance(uuid, str) or not uuid:
@@ -90,65 +133,102 @@ def uuid_alias(uuid: str, cache_salt: str | None) -> str:
 class HandleRecord:
     """What a handle stands for, without the pixels.
 
-    Invariants: ``image`` is the image as admission prepared it, its ``mm_hash`` the hash the
-    item key is made of before the multi-image marking and the tenant's salt (for an image sent
-    with a uuid: the uuid's hash), so ``InputProcessor.item_key(image, None, salt)`` equals
-    ``handle`` exactly for the tenant that made it; its ``data`` is the processor output with
-    every array over ``KEPT_ARRAY_BYTES`` replaced by a zero-stride array of the same shape
-    and dtype (no memory; it must never be encoded). ``model`` and ``settings`` (the canonical
-    image-processor kwargs, "" for the engine's) are those it was encoded with."""
+    Invariants: ``media`` is the image (``PreparedImage``) or the video (a prepared video) as
+    admission prepared it, its large arrays (every one over ``KEPT_ARRAY_BYTES``: the image's
+    processor output, the video's ``pixel_values``) replaced by zero-stride arrays of the same
+    shape and dtype (no memory; it must never be encoded). An image's ``mm_hash`` is the hash
+    the item key is made of before the multi-image marking and the tenant's salt (for an image
+    sent with a uuid: the uuid's hash), so ``InputProcessor.item_key(image, None, salt)`` equals
+    ``handle`` exactly for the tenant that made it; a video's gives ``salted(mm_hash, salt) ==
+    handle``, and each of its pieces' item hashes is the handle with the piece's suffix, so the
+    record needs no list of keys. ``model`` and ``settings`` (the canonical image-processor
+    kwargs, for a video the merged kwargs with its sampling; "" for the engine's) are those it
+    was encoded with."""
 
     handle: str
-    image: PreparedImage
+    media: PreparedImage | AnyPreparedVideo
     model: str
     settings: str
 
     @classmethod
-    def of(cls, handle: str, prepared: PreparedImage, model: str, settings: str) -> HandleRecord:
-        image = PreparedImage(
-            prepared.mm_hash,
-            _without_pixels(prepared.data),
-            prepared.length,
-            prepared.size,
-            prepared.multi_image,
-        )
-        return cls(handle, image, model, settings)
+    def of(
+        cls, handle: str, prepared: PreparedImage | AnyPreparedVideo, model: str, settings: str
+    ) -> HandleRecord:
+        if isinstance(prepared, PreparedImage):
+            media: PreparedImage | AnyPreparedVideo = dataclasses.replace(
+                prepared, data=_without_pixels(prepared.data)
+            )
+        else:
+            media = dataclasses.replace(
+                prepared, pixel_values=_without_pixels(prepared.pixel_values)
+            )
+        return cls(handle, media, model, settings)
+
+    @property
+    def kind(self) -> MediaKind:
+        return "image" if isinstance(self.media, PreparedImage) else "video"
+
+    @property
+    def image(self) -> PreparedImage:
+        """An image record's image (a video's record has none)."""
+        if not isinstance(self.media, PreparedImage):
+            raise ValueError(f"media handle {self.handle} is a video, not an image")
+        return self.media
+
+    @property
+    def tokens(self) -> int:
+        """The embeddings the media takes (a video's: all its pieces')."""
+        media = self.media
+        if isinstance(media, PreparedSmolVideo):
+            return len(media.pixel_values) * media.frame_tokens
+        return media.length
 
     @property
     def item(self) -> dict[str, Any]:
         """What the encode APIs answer for it."""
-        return {"type": "image", "handle": self.handle, "tokens": self.image.length}
+        return {"type": self.kind, "handle": self.handle, "tokens": self.tokens}
 
     def to_bytes(self) -> bytes:
-        image = self.image
-        body = {
-            "version": RECORD_VERSION,
-            "handle": self.handle,
-            "mm_hash": image.mm_hash,
-            "length": image.length,
-            "size": list(image.size),
-            "multi_image": image.multi_image,
-            "model": self.model,
-            "settings": self.settings,
-            "data": _encode_tree(image.data),
-        }
+        body: dict[str, Any] = {"handle": self.handle, "model": self.model}
+        body["settings"] = self.settings
+        media = self.media
+        if isinstance(media, PreparedImage):
+            body |= {
+                "version": RECORD_VERSION,
+                "mm_hash": media.mm_hash,
+                "length": media.length,
+                "size": list(media.size),
+                "multi_image": media.multi_image,
+                "data": _encode_tree(media.data),
+            }
+        else:
+            fields = {f.name: getattr(media, f.name) for f in dataclasses.fields(media)}
+            video = {"type": type(media).__name__, "fields": _encode_tree(fields)}
+            body |= {"version": VIDEO_RECORD_VERSION, "video": video}
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> HandleRecord:
         """ValueError for anything but a record this version wrote."""
         body = json.loads(blob.decode())
-        if body.get("version") != RECORD_VERSION:
-            raise ValueError(f"handle record version {body.get('version')!r}")
-        width, height = body["size"]
-        image = PreparedImage(
-            str(body["mm_hash"]),
-            _decode_tree(body["data"]),
-            int(body["length"]),
-            (int(width), int(height)),
-            bool(body["multi_image"]),
-        )
-        return cls(str(body["handle"]), image, str(body["model"]), str(body["settings"]))
+        version = body.get("version")
+        if version == VIDEO_RECORD_VERSION:
+            video_cls = VIDEO_TYPES[body["video"]["type"]]
+            media: PreparedImage | AnyPreparedVideo = video_cls(
+                **_decode_tree(body["video"]["fields"])
+            )
+        elif version == RECORD_VERSION:
+            width, height = body["size"]
+            media = PreparedImage(
+                str(body["mm_hash"]),
+                _decode_tree(body["data"]),
+                int(body["length"]),
+                (int(width), int(height)),
+                bool(body["multi_image"]),
+            )
+        else:
+            raise ValueError(f"handle record version {version!r}")
+        return cls(str(body["handle"]), media, str(body["model"]), str(body["settings"]))
 
 
 def _without_pixels(data: Any) -> Any:

@@ -23,7 +23,7 @@ MODEL = "tiny-llava"
 SECRET = "ray-ingress-handles-secret-0123"
 
 
-def frontend_of(replica: LLM, **store: str) -> FrontendEngine:
+def frontend_of(replica: LLM, model: str = MODEL, **args: object) -> FrontendEngine:
     engine = replica.engine
     facts = ReplicaFacts(
         vocab_size=engine.vocab_size,
@@ -32,7 +32,7 @@ def frontend_of(replica: LLM, **store: str) -> FrontendEngine:
         store_fingerprint=None if engine.store is None else engine.store.keyer.fingerprint,
     )
     policy = MediaFetchPolicy(allowed_local_path=None)
-    return FrontendEngine(EngineArgs(model=MODEL, **store), facts, policy)  # type: ignore[arg-type]
+    return FrontendEngine(EngineArgs(model=model, **args), facts, policy)  # type: ignore[arg-type]
 
 
 def prompt_of(frontend: FrontendEngine, url: str, salt: str | None) -> PromptInput:
@@ -89,3 +89,33 @@ def test_a_media_handle_error_crosses_process_boundaries_with_its_code() -> None
     err = pickle.loads(pickle.dumps(MediaHandleError("gone", "media_handle_expired")))
     assert isinstance(err, MediaHandleError) and err.code == "media_handle_expired"
     assert str(err) == "gone"
+
+
+def test_the_ingress_resolves_a_video_handle_and_marks_every_piece(module_redis_server) -> None:
+    """A video handle a replica made names the video's pieces (their keys the handle plus a
+    suffix); the ingress gives the prompt the video gives and marks each piece as by handle."""
+    from tests.engine.test_encode_video_handles import video_part, video_url
+
+    store = {"encoder_store_redis": module_redis_server.url, "encoder_store_secret": SECRET}
+    model, limits = "tiny-qwen2-vl", {"image": 2, "video": 2}
+    replica = LLM(model, limit_mm_per_prompt=limits, **store)
+    engine = replica.engine
+    frontend = frontend_of(replica, model, limit_mm_per_prompt=limits, **store)
+    url = video_url()
+    [item] = replica.encode([video_part(url)], cache_salt="tenant-a")
+    assert item["type"] == "video" and engine.store is not None and engine.store.flush(10)
+
+    def prompt(part: dict, salt: str | None) -> PromptInput:
+        chat = chat_of(part)
+        return chat_to_prompt(frontend.tokenizer, chat, salt, frontend.chat_template)
+
+    by_handle = frontend.process(prompt(video_part(f"mmserve://{item['handle']}"), "tenant-a"))
+    sent = frontend.process(prompt(video_part(url), "tenant-a"))
+    assert by_handle.prompt_token_ids == sent.prompt_token_ids
+    assert len(by_handle.mm_items) == len(sent.mm_items) >= 2
+    assert [i.key for i in by_handle.mm_items] == [i.key for i in sent.mm_items]
+    assert all(i.by_handle for i in by_handle.mm_items)
+    assert not any(i.by_handle for i in sent.mm_items)
+    with pytest.raises(MediaHandleError) as err:  # another tenant
+        frontend.process(prompt(video_part(f"mmserve://{item['handle']}"), "tenant-b"))
+    assert err.value.code == "media_handle_not_found"

@@ -29,6 +29,8 @@ from mmserve.entrypoints.ray.cluster_metrics import MIN_REFRESH_INTERVAL_S  # no
 from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR as LOAD_FACTOR  # noqa: E402
 from mmserve.entrypoints.ray.rendezvous import load_cap  # noqa: E402
 from tests.support.images import make_image  # noqa: E402
+from tests.support.video_chat import MAX_TOKENS as VIDEO_MAX_TOKENS  # noqa: E402
+from tests.support.video_chat import MESSAGES as VIDEO_MESSAGES  # noqa: E402
 from tests.support.video_chat import VIDEO_PRESETS, offline_answer, served_answer  # noqa: E402
 
 MODEL = "tiny-llava"
@@ -419,6 +421,40 @@ def test_shared_store_encode_ahead_through_the_ingress_then_chat_by_handle_anywh
         f"{store_app}/v1/chat/completions", json={**body, "cache_salt": "tenant-b"}, timeout=60
     )
     assert other.status_code == 400 and other.json()["error"]["code"] == "media_handle_not_found"
+
+
+def test_shared_store_a_video_encoded_ahead_is_named_by_handle_through_the_ingress(
+    store_app: str, module_redis_server
+) -> None:
+    """Videos too: /v1/mm/encode through the ingress encodes every piece on a replica and
+    answers a video handle; a chat naming it encodes nothing and answers as the video does."""
+    model = VIDEO_PRESETS[0]
+    settings = {"model": model, "replicas": 1, "media_workers": 0}
+    settings["encoder_store_redis"] = module_redis_server.url
+    settings["encoder_store_secret"] = "ray-video-secret-0123456789"
+    serve.run(build_app(namespace_from_config(settings)), name="vstore", route_prefix="/vstore")
+    base = f"{store_app}/vstore"
+    try:
+        [video, text] = VIDEO_MESSAGES[0]["content"]
+        body = {"model": model, "content": [video], "cache_salt": "tenant-v"}
+        r = httpx.post(f"{base}/v1/mm/encode", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        [item] = r.json()["items"]
+        assert item["type"] == "video" and item["tokens"] > 0
+        encoded = encodes(base)
+        assert encoded >= 2  # every piece of the video
+        named = {"type": "video_url", "video_url": {"url": f"mmserve://{item['handle']}"}}
+        messages = [{"role": "user", "content": [named, text]}]
+        body = {"model": model, "messages": messages, "max_tokens": VIDEO_MAX_TOKENS}
+        body.update(temperature=0, cache_salt="tenant-v")
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert encodes(base) == encoded
+        reply = r.json()
+        answer = reply["choices"][0]["message"]["content"], reply["usage"]["prompt_tokens"]
+        assert answer == offline_answer(model)
+    finally:
+        serve.delete("vstore")
 
 
 def test_flags_reach_the_deployments_unchanged() -> None:

@@ -12,13 +12,17 @@ import torch
 
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import (
+    VIDEO_CLASSES,
     HandleRecord,
     MediaHandle,
     MediaHandleError,
+    MediaKind,
     as_handle,
+    handle_of,
     is_handle,
     uuid_alias,
 )
+from mmserve.multimodal.hashing import salted
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.multimodal.request_kwargs import canonical
@@ -45,10 +49,12 @@ class HandleBook:
 
     Invariants:
     - a handle resolves only for the tenant that made it: the record's image must give exactly
-      the handle as its item key under the requester's ``cache_salt`` (any other tenant, model
-      or unknown handle gets the same "unknown" answer, so nothing tells that another tenant has
-      an image); it must have been made by this model name with the request's image settings,
-      and in the multi-image mode the prompt's image count takes;
+      the handle as its item key under the requester's ``cache_salt`` (a video: its content
+      hash so salted), any other tenant, model or unknown handle getting the same "unknown"
+      answer, so nothing tells that another tenant has an image; only where its kind is named
+      (an image handle in an image part, a video's in a video part: ``media_handle_kind``);
+      made by this model name with the request's image (video) settings, and, an image, in the
+      multi-image mode the prompt's image count takes;
     - every item of a resolved handle is marked ``by_handle`` and gets a host copy of its
       embedding at admission, from the encoder cache (``cached_embedding``) or the store, so an
       eviction while the request runs is a load, never an encode; an embedding found in no
@@ -89,6 +95,14 @@ class HandleBook:
         handle = self.processor.item_key(base, None, prompt.cache_salt)
         return HandleRecord.of(handle, base, self._model, self._settings(prompt))
 
+    def video_record(self, prompt: PromptInput, index: int) -> HandleRecord:
+        """The record of video ``index`` of an encode prompt whose videos are prepared: its
+        handle is its content hash salted, which each piece's item hash starts with."""
+        video = prompt.videos[index]
+        assert isinstance(video, VIDEO_CLASSES)
+        handle = salted(video.mm_hash, prompt.cache_salt)
+        return HandleRecord.of(handle, video, self._model, self._settings(prompt, "video"))
+
     def register(
         self,
         records: Sequence[HandleRecord],
@@ -96,13 +110,15 @@ class HandleBook:
         indexes: Sequence[int] | None = None,
     ) -> None:
         """Keep the records (and the uuids' aliases) here and in the store's tiers; record
-        ``k`` is of image ``indexes[k]`` of ``prompt`` (default: image ``k``)."""
+        ``k`` is of image ``indexes[k]`` of ``prompt`` (default: image ``k``; the images'
+        records come first, then the videos', which have no uuid)."""
         for k, record in enumerate(records):
             i = indexes[k] if indexes is not None else k
             self._remember(self._local, record.handle, record)
             if self.records is not None:
                 self.records.put(f"handle:{record.handle}", record.to_bytes())
-            uuid = prompt.uuids[i] if prompt.uuids is not None else None
+            named = prompt.uuids is not None and record.kind == "image"
+            uuid = prompt.uuids[i] if prompt.uuids is not None and named else None
             if uuid is not None:
                 alias = uuid_alias(uuid, prompt.cache_salt)
                 self._remember(self._aliases, alias, record.handle)
@@ -124,10 +140,11 @@ class HandleBook:
             self.register([self.record(prompt, i) for i in named], prompt, named)
 
     def prepared(self, prompt: PromptInput) -> PromptInput:
-        """``prompt`` with every image decoded and prepared (``PreparedImage``), as the
-        processor would, so records can describe them."""
+        """``prompt`` with every image (and video) decoded and prepared (``PreparedImage``, a
+        prepared video), as the processor would, so records can describe them."""
         processor = self.processor
         processor.check_num_images(len(prompt.images))  # before decoding any
+        processor.videos.check_count(len(prompt.videos))
         multi_image = processor.preparer.multi_image(len(prompt.images))
         salt, kwargs = prompt.cache_salt, prompt.mm_processor_kwargs
         images = [
@@ -136,25 +153,37 @@ class HandleBook:
             else processor.prepare_image(image, salt, kwargs, multi_image)
             for image in prompt.images
         ]
-        return dataclasses.replace(prompt, images=images)
+        videos = [
+            video
+            if isinstance(video, VIDEO_CLASSES)
+            else processor.prepare_video(video, kwargs, salt)
+            for video in prompt.videos
+        ]
+        return dataclasses.replace(prompt, images=images, videos=videos)
 
     # ---- resolving them ------------------------------------------------------------------
     def resolve(self, prompt: PromptInput) -> tuple[PromptInput, set[str]]:
-        """``prompt`` with each handle replaced by its record's image, and the handles used."""
-        if not any(is_handle(image) for image in prompt.images):
+        """``prompt`` with each handle replaced by its record's image or video, and the handles
+        used."""
+        if not any(map(is_handle, prompt.images)) and not any(map(is_handle, prompt.videos)):
             return prompt, set()
-        images, used = list(prompt.images), set()
+        images, videos, used = list(prompt.images), list(prompt.videos), set()
         multi_image = self.processor.preparer.multi_image(len(images))
         for i, source in enumerate(images):
             if is_handle(source):
-                record = self._find(as_handle(source), prompt)
+                record = self._find(as_handle(source), prompt, "image")
                 self._check_mode(record, multi_image, len(images))
                 images[i] = record.image
+                used.add(record.handle)
+        for i, source in enumerate(videos):
+            if is_handle(source):
+                record = self._find(as_handle(source), prompt, "video")
+                videos[i] = record.media
                 used.add(record.handle)
         uuids = prompt.uuids
         if uuids is not None:  # a handle's image carries its key already
             uuids = [None if is_handle(s) else u for s, u in zip(prompt.images, uuids, strict=True)]
-        return dataclasses.replace(prompt, images=images, uuids=uuids), used
+        return dataclasses.replace(prompt, images=images, uuids=uuids, videos=videos), used
 
     def embeddings(self, processed: ProcessedPrompt, used: set[str]) -> dict[str, Future]:
         """Mark the items of ``used`` handles ``by_handle`` and return their embeddings (item
@@ -164,7 +193,7 @@ class HandleBook:
             return {}
         items = processed.mm_items
         for idx, item in enumerate(items):
-            if item.hash.split("#", 1)[0] in used:
+            if handle_of(item.hash) in used:
                 items[idx] = dataclasses.replace(item, by_handle=True)
         found: dict[str, Future] = {}
         missing: list[MultiModalItem] = []
@@ -181,10 +210,10 @@ class HandleBook:
             found.update((key, resolved(tensor)) for key, tensor in lookup.hits().items())
         gone = [item for item in missing if item.key not in found]
         if gone:
-            handle = gone[0].hash.split("#", 1)[0]
+            handle, kind = handle_of(gone[0].hash), gone[0].modality
             raise MediaHandleError(
                 f"media handle {handle} has expired: its embedding is no longer cached; send"
-                " the image again (or encode it again with /v1/mm/encode)",
+                f" the {kind} again (or encode it again with /v1/mm/encode)",
                 "media_handle_expired",
             )
         return found
@@ -194,11 +223,21 @@ class HandleBook:
     def _model(self) -> str:
         return self.processor.model_config.model
 
-    def _settings(self, prompt: PromptInput) -> str:
-        kwargs = self.processor.image_kwargs(prompt.mm_processor_kwargs)
+    def _settings(self, prompt: PromptInput, kind: MediaKind = "image") -> str:
+        """The image processor's settings; a video's: every merged kwarg (frame sampling too)."""
+        if kind == "video":
+            kwargs = self.processor.check_mm_kwargs(prompt.mm_processor_kwargs)
+        else:
+            kwargs = self.processor.image_kwargs(prompt.mm_processor_kwargs)
         return "" if kwargs is None else canonical(kwargs)
 
-    def _find(self, ref: MediaHandle, prompt: PromptInput) -> HandleRecord:
+    def _owned(self, record: HandleRecord, salt: str | None) -> bool:
+        """Whether ``record`` was made by the tenant of ``salt`` (its key is the handle)."""
+        if record.kind == "video":
+            return salted(record.media.mm_hash, salt) == record.handle
+        return self.processor.item_key(record.image, None, salt) == record.handle
+
+    def _find(self, ref: MediaHandle, prompt: PromptInput, kind: MediaKind) -> HandleRecord:
         salt = prompt.cache_salt
         handle = ref.handle
         if handle is None:
@@ -212,16 +251,23 @@ class HandleBook:
                     "media_handle_not_found",
                 )
         record = self._local.get(handle) or self._stored_record(handle)
-        if record is None or self.processor.item_key(record.image, None, salt) != handle:
+        if record is None or record.handle != handle or not self._owned(record, salt):
             raise MediaHandleError(
                 f"media handle {handle} is unknown to this model for this cache_salt (or has"
-                " expired); send the image again",
+                f" expired); send the {kind} again",
                 "media_handle_not_found",
             )
-        if record.model != self._model or record.settings != self._settings(prompt):
+        if record.kind != kind:
+            named = {"image": "an image", "video": "a video"}
             raise MediaHandleError(
-                f"media handle {handle} was encoded by model {record.model!r} with other image"
-                " settings (mm_processor_kwargs) than this request's; send the image again",
+                f"media handle {handle} is {named[record.kind]}, not {named[kind]}: name it in"
+                f" {named[record.kind]}_url part (or send the {kind} itself)",
+                "media_handle_kind",
+            )
+        if record.model != self._model or record.settings != self._settings(prompt, kind):
+            raise MediaHandleError(
+                f"media handle {handle} was encoded by model {record.model!r} with other {kind}"
+                f" settings (mm_processor_kwargs) than this request's; send the {kind} again",
                 "media_handle_mismatch",
             )
         return record

@@ -87,19 +87,25 @@ class RequestIntake:
         return processed
 
     def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
-        """An encode-ahead prompt (its images only: no handles, no videos) prepared and
-        ``process``ed as any prompt is, with the records its handles will name (registered by
-        ``LLMEngine`` once the embeddings exist). Thread-safe and blocking, as ``process``."""
-        named = any(is_handle(i) or isinstance(i, ImageEmbeds) for i in prompt.images)
-        if not prompt.images or prompt.videos or named:
+        """An encode-ahead prompt (its images and videos: no handles, no image_embeds)
+        prepared and ``process``ed as any prompt is, with the records its handles will name
+        (registered by ``LLMEngine`` once the embeddings exist): the images', then the videos'
+        (``in_content_order`` puts them in the content's order). Thread-safe and blocking, as
+        ``process``."""
+        media = [*prompt.images, *prompt.videos]
+        if not media or any(is_handle(m) or isinstance(m, ImageEmbeds) for m in media):
             raise ValueError(
-                "encode takes one or more images (image_url parts with a URL, a data URL or"
-                " a file), no media handles, uuids without data, image_embeds (encoded"
-                " already: send them with the chat) or videos"
+                "encode takes one or more images or videos (image_url or video_url parts with a"
+                " URL, a data URL or a file), no media handles, uuids without data or"
+                " image_embeds (encoded already: send them with the chat)"
             )
         ready = self.handles.prepared(prompt)
         processed = self.process(ready, name_uuids=False)  # registered once encoded
-        return processed, [self.handles.record(ready, i) for i in range(len(ready.images))]
+        handles = self.handles
+        records = [handles.record(ready, i) for i in range(len(ready.images))]
+        return processed, records + [
+            handles.video_record(ready, i) for i in range(len(ready.videos))
+        ]
 
     def start_store_lookup(
         self, processed: ProcessedPrompt, found: dict[str, Future] | None = None

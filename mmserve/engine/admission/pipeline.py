@@ -234,10 +234,13 @@ class AdmissionPipeline:
 
     async def prepare_video(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
-    ) -> AnyPreparedVideo:
+    ) -> AnyPreparedVideo | Any:
         """Read and hash the video once and look it up in the processor's per-tenant memo
         (``VideoInputs.lookup``, in the media threads); only a miss is decoded
-        (``decode_video``) and preprocessed (media threads)."""
+        (``decode_video``) and preprocessed (media threads). A media handle comes back as it
+        is."""
+        if is_handle(source):
+            return source  # resolved by ``Admission.process`` (the engine's ``HandleBook``)
         videos = self.processor.videos
         merged = self.processor.check_mm_kwargs(mm_kwargs)
         look = await self.executors.media(videos.lookup, source, merged, cache_salt)

@@ -12,7 +12,7 @@ from mmserve.engine.setup.loading import create_engine_config, torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt, PromptInput
-from mmserve.multimodal.handles import MediaHandleError, is_handle
+from mmserve.multimodal.handles import MediaHandleError, handle_of, is_handle
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 from mmserve.store.factory import open_shared_store
@@ -85,7 +85,7 @@ class FrontendEngine:
         if self.handles is not None:
             prompt, used = self.handles.resolve(prompt)  # blocking: records from Redis
             prompt, named = self.handles.named(prompt) if name_uuids else (prompt, [])
-        elif any(map(is_handle, prompt.images)):
+        elif any(map(is_handle, [*prompt.images, *prompt.videos])):
             raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
         processed = checked_prompt(
             self.processor.process,
@@ -96,7 +96,7 @@ class FrontendEngine:
         )
         items = processed.mm_items
         for i, item in enumerate(items):  # as ``HandleBook.embeddings`` marks them
-            if item.hash.split("#", 1)[0] in used:
+            if handle_of(item.hash) in used:
                 items[i] = dataclasses.replace(item, by_handle=True)
         if self.handles is not None:  # admitted: later chats may name them, through any ingress
             self.handles.register_named(prompt, named)

@@ -19,6 +19,7 @@ from mmserve.entrypoints.ray.blanks import unpack_blanks
 from mmserve.entrypoints.ray.frontend import ReplicaFacts
 from mmserve.entrypoints.ray.rendezvous import RouteKey
 from mmserve.inputs import ProcessedPrompt, PromptInput
+from mmserve.multimodal.handles import handle_of
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 
@@ -89,7 +90,7 @@ class EngineReplica:
         # ingress has no store lookups): the embeddings of the media handles the ingress
         # resolved (MediaHandleError if gone), then the shared store, up to its deadline
         unpack_blanks(processed)
-        used = {item.hash.split("#", 1)[0] for item in processed.mm_items if item.by_handle}
+        used = {handle_of(item.hash) for item in processed.mm_items if item.by_handle}
         found = None
         if used:
             found = await self.engine.run_text(self.llm.handles.embeddings, processed, used)

@@ -1,12 +1,14 @@
-"""``POST /v1/mm/encode``: encode images ahead of the chat turns that will name them by handle.
+"""``POST /v1/mm/encode``: encode images and videos ahead of the chat turns that will name them
+by handle.
 
 Takes ``{"model", "content": [parts], "cache_salt"?}``, ``content`` exactly a chat message's
-content parts (``image_url`` with a URL, a data URL or a file under the allowed path, and an
-optional ``uuid``; text parts are ignored), and answers ``{"object": "list", "items": [{"type":
-"image", "handle", "tokens"}, ...]}`` in the order of the images. Everything a chat request's
-images go through applies (request limits, media policy, image limits, admission checks); only
-the vision encoder runs. A later chat part ``{"type": "image_url", "image_url": {"url":
-"mmserve://<handle>"}}`` (or the ``uuid`` without data) of the same ``cache_salt`` uses it.
+content parts (``image_url`` / ``video_url`` with a URL, a data URL or a file under the allowed
+path, an image's with an optional ``uuid``; text parts are ignored), and answers ``{"object":
+"list", "items": [{"type": "image" | "video", "handle", "tokens"}, ...]}`` in content order.
+Everything a chat request's media go through applies (request limits, media policy, limits,
+admission checks); only the vision encoder runs (a video's every piece). A later chat part
+``{"type": "image_url", "image_url": {"url": "mmserve://<handle>"}}`` (or the ``uuid`` without
+data; a video's: ``video_url``) of the same ``cache_salt`` uses it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mmserve.entrypoints.chat_utils import chat_to_prompt
 from mmserve.entrypoints.openai.completions.protocol import ContentPart
 from mmserve.entrypoints.openai.completions.serving import OpenAIServing
 from mmserve.entrypoints.openai.http.errors import error_response, to_api_error
+from mmserve.multimodal.handles import in_content_order, media_kinds
 
 ReadBody = Callable[[Request, Any], Awaitable[Any]]
 
@@ -52,7 +55,7 @@ class EncodeHandler:
         prompt = await engine.run_text(
             chat_to_prompt, engine.tokenizer, messages, req.cache_salt, engine.chat_template
         )
-        records = await engine.encode(prompt)
+        records = in_content_order(await engine.encode(prompt), media_kinds(parts))
         return {"object": "list", "items": [record.item for record in records]}
 
 
