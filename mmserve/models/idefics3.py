@@ -62,7 +62,7 @@ class Idefics3Connector(nn.Module):
             )
         width = vision.hidden_size * self.scale_factor**2
         self.modality_projection = nn.ModuleDict(
-            {"proj": nn.Linear(width, text.hidden_size, bias=False)}
+            {"proj": Linear(width, text.hidden_size, bias=False)}
         )
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,9 @@ LLAVA_RENAME_RULES = [
 class LlavaProjector(nn.Module):
     def __init__(self, vision_hidden: int, text_hidden: int, act: str, bias: bool) -> None:
         super().__init__()
-        self.linear_1 = nn.Linear(vision_hidden, text_hidden, bias=bias)
+        self.linear_1 = Linear(vision_hidden, text_hidden, bias=bias)
         self.act = ACT2FN[act]
-        self.linear_2 = nn.Linear(text_hidden, text_hidden, bias=bias)
+        self.linear_2 = Linear(text_hidden, text_hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))

@@ -18,6 +18,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from mmserve.layers.fused_linear import StackedLinear
+from mmserve.layers.linear import Linear
 
 # transformers' CLIPEncoderLayer parameter names, per layer.
 LAYER_WEIGHTS = tuple(
@@ -80,7 +81,7 @@ class CLIPAttention(nn.Module):
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         shards = [("q_proj", dim), ("k_proj", dim), ("v_proj", dim)]
         self.qkv_proj = StackedLinear(dim, shards, bias=True)
-        self.out_proj = nn.Linear(dim, dim)
+        self.out_proj = Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
@@ -101,9 +102,9 @@ class VisionMLP(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int, hidden_act: str) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.fc1 = Linear(dim, hidden_dim)
         self.act = quick_gelu_ if hidden_act == "quick_gelu" else ACT2FN[hidden_act]
-        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.fc2 = Linear(hidden_dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))

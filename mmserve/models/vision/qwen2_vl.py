@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmserve.layers.linear import Linear
 from mmserve.models.vision.clip import VisionMLP
 
 Grid = tuple[int, int, int]  # (t, h, w) in patches
@@ -55,8 +56,8 @@ class VisionAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Linear(dim, 3 * dim)
+        self.proj = Linear(dim, dim)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[tuple[int, int]]
@@ -96,9 +97,9 @@ class PatchMerger(nn.Module):
         self.hidden_size = context_dim * merge_size**2
         self.ln_q: nn.Module = nn.LayerNorm(context_dim, eps=1e-6)
         self.mlp = nn.Sequential(
-            nn.Linear(self.hidden_size, self.hidden_size),
+            Linear(self.hidden_size, self.hidden_size),
             nn.GELU(),
-            nn.Linear(self.hidden_size, dim),
+            Linear(self.hidden_size, dim),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
+from mmserve.layers.linear import Linear
 from mmserve.models.vision.qwen2_vl import (
     Grid,
     PatchEmbed,
@@ -51,9 +52,9 @@ class Qwen3VisionMLP(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int, hidden_act: str) -> None:
         super().__init__()
-        self.linear_fc1 = nn.Linear(dim, hidden_dim)
+        self.linear_fc1 = Linear(dim, hidden_dim)
         self.act = ACT2FN[hidden_act]
-        self.linear_fc2 = nn.Linear(hidden_dim, dim)
+        self.linear_fc2 = Linear(hidden_dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(self.act(self.linear_fc1(x)))
@@ -90,9 +91,9 @@ class Qwen3PatchMerger(nn.Module):
         self.hidden_size = config.hidden_size * config.spatial_merge_size**2
         self.postshuffle = postshuffle
         self.norm = nn.LayerNorm(self.hidden_size if postshuffle else config.hidden_size, eps=1e-6)
-        self.linear_fc1 = nn.Linear(self.hidden_size, self.hidden_size)
+        self.linear_fc1 = Linear(self.hidden_size, self.hidden_size)
         self.act_fn = nn.GELU()
-        self.linear_fc2 = nn.Linear(self.hidden_size, config.out_hidden_size)
+        self.linear_fc2 = Linear(self.hidden_size, config.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.postshuffle:
