@@ -104,6 +104,11 @@ class PromptInput:
     mm_processor_kwargs: dict[str, Any] | None = None
     videos: list[Any] = field(default_factory=list)
 
+    @property
+    def media(self) -> list[Any]:
+        """The prompt's images, then its videos (as sent: sources, prepared, or handles)."""
+        return [*self.images, *self.videos]
+
     @classmethod
     def of(cls, prompt: Any) -> PromptInput:
         """A str / token-id list / ``{"prompt" | "prompt_token_ids", "images" | "videos" |

@@ -92,7 +92,7 @@ class RequestIntake:
         (registered by ``LLMEngine`` once the embeddings exist): the images', then the videos'
         (``in_content_order`` puts them in the content's order). Thread-safe and blocking, as
         ``process``."""
-        media = [*prompt.images, *prompt.videos]
+        media = prompt.media
         if not media or any(is_handle(m) or isinstance(m, ImageEmbeds) for m in media):
             raise ValueError(
                 "encode takes one or more images or videos (image_url or video_url parts with a"
@@ -101,11 +101,9 @@ class RequestIntake:
             )
         ready = self.handles.prepared(prompt)
         processed = self.process(ready, name_uuids=False)  # registered once encoded
-        handles = self.handles
-        records = [handles.record(ready, i) for i in range(len(ready.images))]
-        return processed, records + [
-            handles.video_record(ready, i) for i in range(len(ready.videos))
-        ]
+        records = [self.handles.record(ready, i) for i in range(len(ready.images))]
+        records += [self.handles.video_record(ready, i) for i in range(len(ready.videos))]
+        return processed, records
 
     def start_store_lookup(
         self, processed: ProcessedPrompt, found: dict[str, Future] | None = None

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.inputs import ImageEmbeds, ProcessedPrompt, PromptInput, VideoFrames
-from mmserve.multimodal.handles import is_handle
+from mmserve.multimodal.handles import MediaHandle, is_handle
 from mmserve.multimodal.media.fetch import MediaFetcher, is_http_url
 from mmserve.multimodal.media.policy import MediaKind
 from mmserve.multimodal.processor import InputProcessor, memo_key
@@ -234,7 +234,7 @@ class AdmissionPipeline:
 
     async def prepare_video(
         self, source: Any, cache_salt: str | None, mm_kwargs: dict[str, Any] | None = None
-    ) -> AnyPreparedVideo | Any:
+    ) -> AnyPreparedVideo | MediaHandle | str:
         """Read and hash the video once and look it up in the processor's per-tenant memo
         (``VideoInputs.lookup``, in the media threads); only a miss is decoded
         (``decode_video``) and preprocessed (media threads). A media handle comes back as it

@@ -85,7 +85,7 @@ class FrontendEngine:
         if self.handles is not None:
             prompt, used = self.handles.resolve(prompt)  # blocking: records from Redis
             prompt, named = self.handles.named(prompt) if name_uuids else (prompt, [])
-        elif any(map(is_handle, [*prompt.images, *prompt.videos])):
+        elif any(map(is_handle, prompt.media)):
             raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
         processed = checked_prompt(
             self.processor.process,

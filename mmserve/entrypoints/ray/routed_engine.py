@@ -111,8 +111,7 @@ class RoutedEngine(AsyncLLMEngine):
             raise MediaHandleError(NO_SHARED_STORE, "media_handle_unsupported")
         ready = await self.admission.prepare(prompt)
         route = None  # a prompt encode refuses (no media, handles): the replica says so
-        media = [*ready.images, *ready.videos]
-        if media and not any(map(is_handle, media)):
+        if ready.media and not any(map(is_handle, ready.media)):
             unnamed = functools.partial(frontend.process, name_uuids=False)  # once encoded
             processed = await self.run_text(unnamed, ready)
             route = route_key(processed, processed.cache_salt)
