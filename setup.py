@@ -32,6 +32,7 @@ SOURCES = [
     "mmserve/kernels/csrc/paged_attention_bf16.cpp",
     "mmserve/kernels/csrc/paged_attention_half.cpp",
     "mmserve/kernels/csrc/small_batch_linear.cpp",
+    "mmserve/kernels/csrc/bf16_weight_linear.cpp",
     "mmserve/kernels/csrc/fused_ops.cpp",
     "mmserve/kernels/csrc/paged_attention.cpp",
     "mmserve/kernels/csrc/module.cpp",

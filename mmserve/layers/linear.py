@@ -4,7 +4,9 @@ torch's GEMM, except on CPU.
 - Decode-sized inputs in half precision run mmserve's small-batch kernel, which reads the
   weights at close to memory speed (torch's bfloat16 matmul streams a 1-row input's weights at
   half of it, and an 8-row input's at a tenth, one row after another).
-- float32 weights are prepacked once for oneDNN (``torch.ops.mkldnn``, as vLLM's CPU backend
+- float32 weights whose values are all bfloat16 values (a bfloat16 checkpoint served in float32)
+  are kept as packed bfloat16 for mmserve's kernel, at every row count (``bf16_weights.py``).
+- Other float32 weights are prepacked once for oneDNN (``torch.ops.mkldnn``, as vLLM's CPU backend
   does) and replace the dense ones, so memory stays the same. At the Qwen2-VL-2B shape's MLP
   (1536 x 8960, 12 weights in turn, 2 AVX2 threads) the packed product ran at 12.9 / 61.9 /
   132 / 120 / 124 GFLOP/s for 1 / 8 / 266 / 1024 / 2048 rows, where ``F.linear`` ran at 6.3 /
@@ -20,13 +22,15 @@ torch's GEMM, except on CPU.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmserve.kernels import small_batch_linear_kernel
+from mmserve.kernels import cpu_ops, small_batch_linear_kernel
+from mmserve.layers.bf16_weights import BF16_WEIGHTS_ENV_VAR, bf16_linear, pack_bf16_exact
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PACK_ROWS = 4  # the batch size oneDNN lays packed float32 weights out for (module doc)
@@ -41,13 +45,18 @@ class Linear(nn.Linear):
     ``use_packed_float32``, which leaves in ``weight`` a one-element stand-in of its shape,
     dtype and device (what model code reads of it), or, where an embedding shares the weight,
     the weight itself: every input then runs the packed product (no autograd).
+    ``bf16_packed`` is set only by ``use_bf16_weights`` (``bf16_weights.py``), with the same
+    stand-in, and then ``packed`` and ``small_batch`` stay None.
     """
 
     small_batch: Callable[..., torch.Tensor] | None = None
     small_batch_rows = 0
     packed: torch.Tensor | None = None
+    bf16_packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16_packed is not None:
+            return bf16_linear(x, self.bf16_packed, self.bias, self.out_features)
         if self.packed is not None:
             rows = x.reshape(-1, x.shape[-1])
             out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
@@ -91,6 +100,8 @@ def use_packed_float32(model: nn.Module) -> int:
     for module in model.modules():
         if not isinstance(module, Linear) or module.small_batch is not None:
             continue
+        if module.bf16_packed is not None:
+            continue
         weight = module.weight
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             continue
@@ -103,3 +114,32 @@ def use_packed_float32(model: nn.Module) -> int:
         stand_in = weight.new_zeros(1).expand(weight.shape)  # shape, dtype, device; no storage
         module.weight = nn.Parameter(stand_in, requires_grad=False)
     return packed
+
+
+def use_bf16_weights(model: nn.Module) -> int:
+    """Keep the float32 weight of every CPU ``Linear`` of ``model`` as packed bfloat16 where
+    all its values are bfloat16 values (and its bias, if any, is float32); returns how many.
+    0 without the kernels or with ``MMSERVE_BF16_WEIGHTS=0``. A weight an embedding shares
+    keeps its float32 copy for the lookups."""
+    if cpu_ops() is None or os.environ.get(BF16_WEIGHTS_ENV_VAR, "1") == "0":
+        return 0
+    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    kept = 0
+    for module in model.modules():
+        if not isinstance(module, Linear) or module.small_batch is not None:
+            continue
+        weight = module.weight
+        if weight.dtype != torch.float32 or weight.device.type != "cpu":
+            continue
+        if module.bias is not None and not module.bias.is_contiguous():
+            continue
+        with torch.no_grad():
+            packed = pack_bf16_exact(weight.detach())
+        if packed is None:
+            continue
+        module.bf16_packed = packed
+        kept += 1
+        if id(weight) not in shared:
+            stand_in = weight.new_zeros(1).expand(weight.shape)  # shape, dtype, device
+            module.weight = nn.Parameter(stand_in, requires_grad=False)
+    return kept

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,12 +19,14 @@ from mmserve.engine.setup.dtype import choose_dtype, log_dtype_choice
 from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.graph_config import DecodeGraphConfig
-from mmserve.layers.linear import use_packed_float32, use_small_batch_kernel
+from mmserve.layers.linear import use_bf16_weights, use_packed_float32, use_small_batch_kernel
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.loader import materialize
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
+
+logger = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -164,7 +167,15 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
     model.load_weights(model_config.path)
     model.eval()
     use_small_batch_kernel(module)  # decode-sized half-precision matmuls on CPU
-    use_packed_float32(module)  # float32 matmuls on CPU: oneDNN's packed weights
+    kept = use_bf16_weights(module)  # float32 weights that are bfloat16 values: kept so
+    packed = use_packed_float32(module)  # other float32 weights on CPU: oneDNN's packing
+    if kept or packed:
+        logger.info(
+            "float32 linear layers: %d keep their bfloat16 values as bfloat16 (float32"
+            " arithmetic), %d on oneDNN-packed float32 weights",
+            kept,
+            packed,
+        )
     return model
 
 

@@ -36,6 +36,11 @@ STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
   // x @ weight.T + bias for 1 to small_batch_linear_max_rows() rows, bfloat16/float16
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("small_batch_linear_max_rows() -> int");
+  // float32 x @ w.T + bias, w kept as bfloat16 tiles (bf16_weight_linear.cpp)
+  m.def("bf16_weight_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
+  // a float32 weight's bfloat16 bits into tiles; how many values were not bfloat16 values
+  m.def("bf16_weight_pack(Tensor weight, Tensor(a!) out) -> int");
+  m.def("bf16_weight_tile_rows() -> int");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
@@ -44,6 +49,8 @@ STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
   m.impl("add_rms_norm", TORCH_BOX(&add_rms_norm));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("small_batch_linear", TORCH_BOX(&small_batch_linear));
+  m.impl("bf16_weight_linear", TORCH_BOX(&bf16_weight_linear));
+  m.impl("bf16_weight_pack", TORCH_BOX(&bf16_weight_pack));
 }
 
 // the ops without a tensor argument, which no device key dispatches
@@ -51,4 +58,5 @@ STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CompositeExplicitAutograd, m) {
   m.impl("supported_head_dims", TORCH_BOX(&supported_head_dims));
   m.impl("supported_dtypes", TORCH_BOX(&supported_dtypes));
   m.impl("small_batch_linear_max_rows", TORCH_BOX(&small_batch_linear_max_rows));
+  m.impl("bf16_weight_tile_rows", TORCH_BOX(&bf16_weight_tile_rows));
 }

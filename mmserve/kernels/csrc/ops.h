@@ -77,3 +77,8 @@ constexpr int64_t SMALL_BATCH_LINEAR_MAX_ROWS = 8;
 
 Tensor small_batch_linear(const Tensor& x, const Tensor& weight,
                           const std::optional<Tensor>& bias);
+
+Tensor bf16_weight_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+                          int64_t n);
+int64_t bf16_weight_pack(const Tensor& weight, const Tensor& out);
+int64_t bf16_weight_tile_rows();

@@ -1,0 +1,234 @@
+// y = x @ w.T + bias in float32 for a few rows of x (a decode step), where w is a float32 weight
+// whose values are all bfloat16 values (a bfloat16 checkpoint served in float32) kept as its
+// bfloat16 bits: half the bytes a float32 weight takes, and the same products, since widening a
+// bfloat16 to float32 is exact. Every product and sum is float32.
+//
+// Layout (packed once by mmserve/layers/bf16_weights.py): tiles of TILE = 2W weight rows (W:
+// the CPU's float lanes); a tile holds, for each column k, TILE bfloat16 values, where 32-bit
+// lane i carries row i in its low half and row W + i in its high half. One vector load then
+// gives both halves' rows as floats in two instructions (a shift, an and), and each column of x
+// is one broadcast for 2W products: no horizontal sums, the weight read once, front to back.
+//
+// Work: the tiles split evenly across threads; inside a tile, x's columns in blocks of K_BLOCK,
+// at most 4 rows of x per pass over a block (2 x 4 accumulators + 2 weight vectors + 1
+// broadcast fit AVX2's 16 registers; a second pass finds the block in L1). One or two rows of x
+// accumulate even and odd columns apart, so that enough FMAs are in flight.
+#pragma GCC optimize("O3")
+
+#include "ops.h"
+
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int W = 16;
+#elif defined(__AVX__)
+constexpr int W = 8;
+#else
+constexpr int W = 4;
+#endif
+constexpr int TILE = 2 * W;
+constexpr int64_t K_BLOCK = 256;
+constexpr int64_t M_BLOCK = 128;  // rows of x per pass of the weight when there are many
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef uint32_t vu __attribute__((vector_size(W * 4)));
+
+// The tile's rows [0, W) and [W, 2W) at one column, as floats.
+inline void widen(const uint16_t* p, vf& low, vf& high) {
+  vu bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  low = (vf)(bits << 16);
+  high = (vf)(bits & 0xFFFF0000u);
+}
+
+// acc[M0 + p] += tile[k0:k1] * x[M0 + p, k0:k1] for p < P.
+template <int P>
+inline void pass(const uint16_t* tile, const float* x, int64_t k_dim, int m0, int64_t k0,
+                 int64_t k1, vf (*acc)[2]) {
+  vf a[P][2], b[P][2] = {};
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    a[p][0] = acc[m0 + p][0];
+    a[p][1] = acc[m0 + p][1];
+  }
+  int64_t k = k0;
+  if constexpr (P <= 2) {  // two independent chains per accumulator
+    for (; k + 2 <= k1; k += 2) {
+      vf low0, high0, low1, high1;
+      widen(tile + k * TILE, low0, high0);
+      widen(tile + (k + 1) * TILE, low1, high1);
+#pragma GCC unroll 2
+      for (int p = 0; p < P; ++p) {
+        const float* xr = x + (m0 + p) * k_dim + k;
+        a[p][0] += low0 * xr[0];
+        a[p][1] += high0 * xr[0];
+        b[p][0] += low1 * xr[1];
+        b[p][1] += high1 * xr[1];
+      }
+    }
+  }
+  for (; k < k1; ++k) {
+    vf low, high;
+    widen(tile + k * TILE, low, high);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const float xv = x[(m0 + p) * k_dim + k];
+      a[p][0] += low * xv;
+      a[p][1] += high * xv;
+    }
+  }
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    acc[m0 + p][0] = a[p][0] + b[p][0];
+    acc[m0 + p][1] = a[p][1] + b[p][1];
+  }
+}
+
+template <int M>
+void run(const float* x, const uint16_t* packed, const float* bias, float* out, int64_t k_dim,
+         int64_t n_dim) {
+  const int64_t tiles = (n_dim + TILE - 1) / TILE;
+  const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+  torch::stable::parallel_for(0, tiles, (tiles + threads - 1) / threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* tile = packed + t * k_dim * TILE;
+      vf acc[M][2] = {};
+      for (int64_t k0 = 0; k0 < k_dim; k0 += K_BLOCK) {
+        const int64_t k1 = std::min(k_dim, k0 + K_BLOCK);
+        pass<std::min(M, 4)>(tile, x, k_dim, 0, k0, k1, acc);
+        if constexpr (M > 4) pass<M - 4>(tile, x, k_dim, 4, k0, k1, acc);
+      }
+      for (int m = 0; m < M; ++m) {
+        for (int i = 0; i < TILE; ++i) {
+          const int64_t n = t * TILE + i;
+          if (n >= n_dim) break;
+          const float s = acc[m][i / W][i % W];
+          out[m * n_dim + n] = bias == nullptr ? s : s + bias[n];
+        }
+      }
+    }
+  });
+}
+
+// Any number of rows: per tile, per block of columns, x's rows 4 at a time, the accumulators
+// of every row waiting in a per-thread buffer between blocks (the tile's block stays in L1).
+void run_many(const float* x, const uint16_t* packed, const float* bias, float* out,
+              int64_t m_dim, int64_t k_dim, int64_t n_dim) {
+  const int64_t tiles = (n_dim + TILE - 1) / TILE;
+  const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+  torch::stable::parallel_for(0, tiles, (tiles + threads - 1) / threads, [&](int64_t t0, int64_t t1) {
+    std::vector<vf> buffer(m_dim * 2);
+    vf (*acc)[2] = reinterpret_cast<vf (*)[2]>(buffer.data());
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* tile = packed + t * k_dim * TILE;
+      std::fill(buffer.begin(), buffer.end(), vf{});
+      for (int64_t k0 = 0; k0 < k_dim; k0 += K_BLOCK) {
+        const int64_t k1 = std::min(k_dim, k0 + K_BLOCK);
+        int m0 = 0;
+        for (; m0 + 4 <= m_dim; m0 += 4) pass<4>(tile, x, k_dim, m0, k0, k1, acc);
+        switch (m_dim - m0) {
+          case 1: pass<1>(tile, x, k_dim, m0, k0, k1, acc); break;
+          case 2: pass<2>(tile, x, k_dim, m0, k0, k1, acc); break;
+          case 3: pass<3>(tile, x, k_dim, m0, k0, k1, acc); break;
+          default: break;
+        }
+      }
+      for (int64_t m = 0; m < m_dim; ++m) {
+        for (int i = 0; i < TILE; ++i) {
+          const int64_t n = t * TILE + i;
+          if (n >= n_dim) break;
+          const float s = acc[m][i / W][i % W];
+          out[m * n_dim + n] = bias == nullptr ? s : s + bias[n];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+Tensor bf16_weight_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+                          int64_t n_dim) {
+  using torch::headeronly::ScalarType;
+  MMSERVE_CHECK(packed.is_cpu() && packed.dim() == 3 && packed.is_contiguous() &&
+                    packed.scalar_type() == ScalarType::BFloat16 && packed.size(2) == TILE &&
+                    packed.size(0) * TILE >= n_dim && (packed.size(0) - 1) * TILE < n_dim,
+                "packed must be a contiguous bfloat16 CPU tensor [tiles, in, ", TILE,
+                "] packed for n rows");
+  const int64_t k_dim = packed.size(1);
+  MMSERVE_CHECK(x.is_cpu() && x.scalar_type() == ScalarType::Float && x.dim() == 2 &&
+                    x.size(1) == k_dim && x.size(0) >= 1,
+                "x must be float32 [rows, in]");
+  MMSERVE_CHECK(!bias.has_value() || (bias->is_cpu() && bias->scalar_type() == ScalarType::Float &&
+                                      bias->is_contiguous() && bias->numel() == n_dim),
+                "bias must be contiguous float32 [n]");
+  const Tensor xc = mmserve::contiguous(x);
+  const Tensor out = mmserve::new_empty(xc, {x.size(0), n_dim});
+  const float* px = xc.const_data_ptr<float>();
+  const auto* pw = reinterpret_cast<const uint16_t*>(packed.const_data_ptr());
+  const float* pb = bias.has_value() ? bias->const_data_ptr<float>() : nullptr;
+  float* po = out.mutable_data_ptr<float>();
+  switch (x.size(0)) {
+    case 1: run<1>(px, pw, pb, po, k_dim, n_dim); break;
+    case 2: run<2>(px, pw, pb, po, k_dim, n_dim); break;
+    case 3: run<3>(px, pw, pb, po, k_dim, n_dim); break;
+    case 4: run<4>(px, pw, pb, po, k_dim, n_dim); break;
+    case 5: run<5>(px, pw, pb, po, k_dim, n_dim); break;
+    case 6: run<6>(px, pw, pb, po, k_dim, n_dim); break;
+    case 7: run<7>(px, pw, pb, po, k_dim, n_dim); break;
+    case 8: run<8>(px, pw, pb, po, k_dim, n_dim); break;
+    default:  // blocks of x's rows that stay in cache while every tile passes them
+      for (int64_t m0 = 0; m0 < x.size(0); m0 += M_BLOCK) {
+        const int64_t rows = std::min(M_BLOCK, x.size(0) - m0);
+        run_many(px + m0 * k_dim, pw, pb, po + m0 * n_dim, rows, k_dim, n_dim);
+      }
+  }
+  return out;
+}
+
+int64_t bf16_weight_pack(const Tensor& weight, const Tensor& out) {
+  using torch::headeronly::ScalarType;
+  MMSERVE_CHECK(weight.is_cpu() && weight.dim() == 2 && weight.is_contiguous() &&
+                    weight.scalar_type() == ScalarType::Float,
+                "weight must be a contiguous float32 CPU tensor [n, in]");
+  const int64_t n_dim = weight.size(0), k_dim = weight.size(1);
+  const int64_t tiles = (n_dim + TILE - 1) / TILE;
+  MMSERVE_CHECK(out.is_cpu() && out.dim() == 3 && out.is_contiguous() &&
+                    out.scalar_type() == ScalarType::BFloat16 && out.size(0) == tiles &&
+                    out.size(1) == k_dim && out.size(2) == TILE,
+                "out must be a contiguous bfloat16 CPU tensor [", tiles, ", ", k_dim, ", ", TILE,
+                "]");
+  const auto* pw = reinterpret_cast<const uint32_t*>(weight.const_data_ptr());
+  auto* po = reinterpret_cast<uint16_t*>(out.mutable_data_ptr());
+  std::vector<int64_t> inexact(tiles, 0);
+  torch::stable::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t bad = 0;
+      for (int i = 0; i < TILE; ++i) {  // row t * TILE + i goes to lane i % W, half i / W
+        const int64_t n = t * TILE + i;
+        uint16_t* dest = po + t * k_dim * TILE + 2 * (i % W) + i / W;
+        if (n >= n_dim) {
+          for (int64_t k = 0; k < k_dim; ++k) dest[k * TILE] = 0;
+          continue;
+        }
+        const uint32_t* row = pw + n * k_dim;
+        for (int64_t k = 0; k < k_dim; ++k) {
+          bad += (row[k] & 0xFFFFu) != 0;
+          dest[k * TILE] = static_cast<uint16_t>(row[k] >> 16);
+        }
+      }
+      inexact[t] = bad;
+    }
+  });
+  int64_t total = 0;
+  for (const int64_t bad : inexact) total += bad;
+  return total;
+}
+
+int64_t bf16_weight_tile_rows() { return TILE; }
