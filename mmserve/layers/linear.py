@@ -109,10 +109,7 @@ def use_packed_float32(model: nn.Module) -> int:
             weight.detach().contiguous(), PACK_ROWS
         )
         packed += 1
-        if id(weight) in shared:
-            continue  # the embedding's lookups read the dense copy
-        stand_in = weight.new_zeros(1).expand(weight.shape)  # shape, dtype, device; no storage
-        module.weight = nn.Parameter(stand_in, requires_grad=False)
+        _drop_dense_copy(module, shared)
     return packed
 
 
@@ -139,7 +136,15 @@ def use_bf16_weights(model: nn.Module) -> int:
             continue
         module.bf16_packed = packed
         kept += 1
-        if id(weight) not in shared:
-            stand_in = weight.new_zeros(1).expand(weight.shape)  # shape, dtype, device
-            module.weight = nn.Parameter(stand_in, requires_grad=False)
+        _drop_dense_copy(module, shared)
     return kept
+
+
+def _drop_dense_copy(module: Linear, shared: set[int]) -> None:
+    """Replace a packed module's weight with a one-element stand-in of its shape, dtype and
+    device (what model code reads of it), unless an embedding's lookups read it (``shared``)."""
+    weight = module.weight
+    if id(weight) in shared:
+        return
+    stand_in = weight.new_zeros(1).expand(weight.shape)  # no storage of its own
+    module.weight = nn.Parameter(stand_in, requires_grad=False)

@@ -29,13 +29,7 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int W = 16;
-#elif defined(__AVX__)
-constexpr int W = 8;
-#else
-constexpr int W = 4;
-#endif
+constexpr int W = NATIVE_FLOAT_LANES;
 constexpr int TILE = 2 * W;
 constexpr int64_t K_BLOCK = 256;
 constexpr int64_t M_BLOCK = 128;  // rows of x per pass of the weight when there are many
@@ -93,6 +87,18 @@ inline void pass(const uint16_t* tile, const float* x, int64_t k_dim, int m0, in
   }
 }
 
+// out[m, n] = acc[m] (+ bias[n]) for the tile's rows n that exist (the last tile's padding not).
+inline void store(const vf (*acc)[2], int64_t m_dim, int64_t t, const float* bias, float* out,
+                  int64_t n_dim) {
+  for (int64_t m = 0; m < m_dim; ++m) {
+    for (int i = 0; i < TILE && t * TILE + i < n_dim; ++i) {
+      const int64_t n = t * TILE + i;
+      const float s = acc[m][i / W][i % W];
+      out[m * n_dim + n] = bias == nullptr ? s : s + bias[n];
+    }
+  }
+}
+
 template <int M>
 void run(const float* x, const uint16_t* packed, const float* bias, float* out, int64_t k_dim,
          int64_t n_dim) {
@@ -107,14 +113,7 @@ void run(const float* x, const uint16_t* packed, const float* bias, float* out, 
         pass<std::min(M, 4)>(tile, x, k_dim, 0, k0, k1, acc);
         if constexpr (M > 4) pass<M - 4>(tile, x, k_dim, 4, k0, k1, acc);
       }
-      for (int m = 0; m < M; ++m) {
-        for (int i = 0; i < TILE; ++i) {
-          const int64_t n = t * TILE + i;
-          if (n >= n_dim) break;
-          const float s = acc[m][i / W][i % W];
-          out[m * n_dim + n] = bias == nullptr ? s : s + bias[n];
-        }
-      }
+      store(acc, M, t, bias, out, n_dim);
     }
   });
 }
@@ -141,14 +140,7 @@ void run_many(const float* x, const uint16_t* packed, const float* bias, float* 
           default: break;
         }
       }
-      for (int64_t m = 0; m < m_dim; ++m) {
-        for (int i = 0; i < TILE; ++i) {
-          const int64_t n = t * TILE + i;
-          if (n >= n_dim) break;
-          const float s = acc[m][i / W][i % W];
-          out[m * n_dim + n] = bias == nullptr ? s : s + bias[n];
-        }
-      }
+      store(acc, m_dim, t, bias, out, n_dim);
     }
   });
 }

@@ -24,15 +24,7 @@
 
 namespace {
 
-// The CPU's native vector width (not vec16.h's 16 lanes: on AVX2 a 16-lane accumulator lives in
-// memory, and each FMA would wait on a store).
-#if defined(__AVX512F__)
-constexpr int W = 16;
-#elif defined(__AVX__)
-constexpr int W = 8;
-#else
-constexpr int W = 4;
-#endif
+constexpr int W = NATIVE_FLOAT_LANES;
 typedef float vf __attribute__((vector_size(W * 4)));
 typedef int32_t vi __attribute__((vector_size(W * 4)));
 typedef uint16_t vu __attribute__((vector_size(W * 2)));
