@@ -73,13 +73,13 @@ class Placement:
 
 
 def place(ranked: Sequence[str], in_flight: Mapping[str, int], load_factor: float) -> Placement:
-    """The first replica in ``ranked`` still under the load cap goes first, the others follow in
-    rank order (fallbacks when Ray finds the chosen one's queue full)."""
+    """The replicas of ``ranked`` still under the load cap, in rank order: the first goes first,
+    the others are the fallbacks Ray tries when it finds the first one's queue full or its
+    queue-length probe late. A replica at the cap is no fallback: Ray would send it one more."""
     if not ranked:
         return Placement([], False, 0)
     cap = load_cap(sum(in_flight.get(r, 0) for r in ranked), len(ranked), load_factor)
-    for i, replica in enumerate(ranked):
-        if in_flight.get(replica, 0) + 1 <= cap:
-            rest = [r for r in ranked if r != replica]
-            return Placement([replica, *rest], i > 0, cap)
-    return Placement(list(ranked), False, cap)  # unreachable for load_factor >= 1
+    under = [r for r in ranked if in_flight.get(r, 0) + 1 <= cap]
+    if not under:
+        return Placement(list(ranked), False, cap)  # unreachable for load_factor >= 1
+    return Placement(under, under[0] != ranked[0], cap)

@@ -23,8 +23,10 @@ class ImageAffinityRouter(RequestRouter):
     Invariants:
     - ``affinity``: replicas are ranked by rendezvous weight of the key's anchor; the first one
       whose in-flight count stays within ``ceil(load_factor x mean)`` after this request goes
-      first (a "spill" when it is not the top-ranked one), the rest follow in rank order, one
-      per rank, so Ray tries them in that order when a queue is full.
+      first (a "spill" when it is not the top-ranked one), the others within that cap follow
+      in rank order, one per rank, so Ray tries them in that order when a queue is full or a
+      queue-length probe is late; a replica at the cap is never offered (a fallback is checked
+      against the loads when the choice is made, not when Ray falls back to it).
     - ``pow2``: two random replicas, the one with the shorter queue first and the other as
       its fallback, one per rank (Ray's default policy; kept here so pinned calls and the
       counts work the same for the comparison). The reservation is on the one ranked first.
