@@ -12,6 +12,7 @@ import sys
 
 from mmserve.bench.cli import add_bench_parser
 from mmserve.engine_args import EngineArgs
+from mmserve.entrypoints.listen_port import check_listen_port
 from mmserve.entrypoints.openai.cli_args import add_serve_parser, validate_serve_flags
 from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags, wants_ray
 from mmserve.extras import MissingExtra, require_extra
@@ -38,10 +39,13 @@ def _serve(args: argparse.Namespace) -> int:
     validate_serve_flags(args)
     check_ray_flags(args)
     if wants_ray(args):
+        if not args.ray_address:  # else Serve's proxy listens on that cluster's nodes
+            check_listen_port(args.host, args.port, local_ray=True)
         require_extra("ray.serve", "ray", "--replicas / --ray-autoscaling (Ray Serve)")
         from mmserve.entrypoints.ray.launch import run as run_replicas
 
         return int(run_replicas(args))
+    check_listen_port(args.host, args.port, local_ray=False)
     from mmserve.entrypoints.openai.server import run
 
     return int(run(args))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 from mmserve.cli import build_parser
 from mmserve.engine_args import EngineArgs
+from mmserve.entrypoints.listen_port import RAY_AGENT_PORT, check_listen_port
+from tests.support.server import free_port
 
 REDIS = "redis://127.0.0.1:1"  # nothing listens: the checks must not need a connection
 SECRET = "a-secret-of-at-least-16-bytes"
@@ -76,6 +79,7 @@ def test_missing_optional_packages_name_their_extra() -> None:
     assert_one_line(single, "pip install 'mmserve[store]'")
     assert_one_line(ray, "pip install 'mmserve[store]'")
     scale_out = [["--replicas", "2"], ["--ray-autoscaling", '{"max_replicas": 2}']]
+    scale_out = [[*flags, "--port", "0"] for flags in scale_out]  # whether 8000 is free or not
     for result in run_cli([["tiny-llava", *flag] for flag in scale_out], missing=("ray",)):
         assert_one_line(result, "pip install 'mmserve[ray]'")
 
@@ -152,3 +156,38 @@ def test_store_settings_fail_at_construction(monkeypatch: pytest.MonkeyPatch) ->
         EngineArgs(encoder_store_redis=REDIS).validate()
     monkeypatch.setenv("MMSERVE_ENCODER_STORE_SECRET", SECRET)
     EngineArgs(encoder_store_redis=REDIS).validate()  # the environment's secret is enough
+
+
+def test_a_port_in_use_fails_before_anything_starts() -> None:
+    """On main the single server loaded the model and then exited 3 on uvicorn's bind error,
+    and ``--replicas`` started Ray and died in a traceback from Serve's proxy."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        modes = ([], ["--replicas", "2"])
+        for result in run_cli([["tiny-llava", *mode, "--port", port] for mode in modes]):
+            assert_one_line(result, f"--port {port}")
+            assert "in use" in result[1], result
+
+
+def test_the_port_a_local_ray_takes_for_itself_is_refused_before_ray_starts() -> None:
+    """A CI run drew 52365 as a free port: the local Ray's dashboard agent took it first and
+    Serve's proxy died binding it ("server exited during startup")."""
+    [result] = run_cli([["tiny-llava", "--replicas", "2", "--port", str(RAY_AGENT_PORT)]])
+    assert_one_line(result, f"--port {RAY_AGENT_PORT}")
+    assert "dashboard agent" in result[1], result
+
+
+def test_rays_agent_port_is_the_one_ray_uses() -> None:
+    constants = pytest.importorskip("ray._private.ray_constants", reason="needs mmserve[ray]")
+    assert constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT == RAY_AGENT_PORT
+
+
+def test_a_free_port_or_port_zero_passes(tmp_path: Path) -> None:
+    port = free_port()
+    check_listen_port("127.0.0.1", port, local_ray=True)
+    check_listen_port("127.0.0.1", 0, local_ray=True)
+    check_listen_port("127.0.0.1", RAY_AGENT_PORT, local_ray=False)  # another Ray's business
+    with pytest.raises(ValueError, match="--host"):
+        check_listen_port("no-such-host.invalid", port, local_ray=False)
