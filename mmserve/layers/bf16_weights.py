@@ -29,6 +29,8 @@ def pack_bf16_exact(weight: torch.Tensor) -> torch.Tensor | None:
     ops = cpu_ops()
     assert ops is not None
     n, k = weight.shape
+    if n and (weight[0].contiguous().view(torch.int32) & 0xFFFF).any():
+        return None  # a float32 checkpoint's weight: no tiles allocated, no pass over it all
     tile = ops.bf16_weight_tile_rows
     tiles = torch.empty((n + tile - 1) // tile, k, tile, dtype=torch.bfloat16)
     return tiles if ops.bf16_weight_pack(weight.contiguous(), tiles) == 0 else None

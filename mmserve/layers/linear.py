@@ -128,8 +128,9 @@ def use_bf16_weights(model: nn.Module) -> int:
         weight = module.weight
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             continue
-        if module.bias is not None and not module.bias.is_contiguous():
-            continue
+        bias = module.bias
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            continue  # the kernel adds a contiguous float32 bias
         with torch.no_grad():
             packed = pack_bf16_exact(weight.detach())
         if packed is None:

@@ -87,6 +87,16 @@ def test_a_weight_with_other_values_is_not_packed(ops) -> None:
     assert pack_bf16_exact(weight) is None
 
 
+def test_a_float32_weight_is_refused_from_its_first_row(ops, monkeypatch) -> None:
+    """A float32 checkpoint's weights are refused without tiles or a pass over them all."""
+
+    def pack(*_: object) -> int:
+        raise AssertionError("packed a weight whose first row is not bfloat16 values")
+
+    monkeypatch.setattr(ops, "bf16_weight_pack", pack)
+    assert pack_bf16_exact(torch.randn(20, 16)) is None
+
+
 def test_the_kernel_refuses_what_it_does_not_take(ops) -> None:
     packed = pack_bf16_exact(torch.zeros(16, 8))
     with pytest.raises(RuntimeError, match=r"float32 \[rows, in\]"):
