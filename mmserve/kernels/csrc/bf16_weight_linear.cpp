@@ -9,12 +9,14 @@
 // gives both halves' rows as floats in two instructions (a shift, an and), and each column of x
 // is one broadcast for 2W products: no horizontal sums, the weight read once, front to back.
 //
-// Work: the tiles split evenly across threads; inside a tile, x's columns in blocks of K_BLOCK,
-// at most 4 rows of x per pass over a block (2 x 4 accumulators + 2 weight vectors + 1
-// broadcast fit AVX2's 16 registers; the next pass finds the block in L1). One or two rows of
-// x accumulate even and odd columns apart, so that enough FMAs are in flight. Up to 8 rows (a
-// decode step) keep their accumulators on the stack; more rows keep them in a per-thread buffer
-// and go M_BLOCK rows at a time, so that the rows stay in cache while every tile passes them.
+// Work: the tiles split evenly across threads; inside a tile, x's columns go in blocks of
+// K_BLOCK, so that the tile's block stays in L1 while rows of x pass it. Up to 8 rows (a decode
+// step) keep their accumulators on the stack, at most 4 rows per pass over a block (2 x 4
+// accumulators + 2 weight vectors + 1 broadcast fit AVX2's 16 registers); one or two rows
+// accumulate even and odd columns apart, so that enough FMAs are in flight. More rows (prefill)
+// are first copied into panels of MR rows laid out column by column, so that a pass reads its
+// MR broadcasts from one cache line; every tile then passes M_BLOCK rows' panels at a time with
+// the accumulators in a per-thread buffer, while those rows stay in L2.
 // Measured against oneDNN's packed float32 product: layers/bf16_weights.py.
 #pragma GCC optimize("O3")
 
@@ -32,7 +34,10 @@ namespace {
 constexpr int W = NATIVE_FLOAT_LANES;
 constexpr int TILE = 2 * W;
 constexpr int64_t K_BLOCK = 256;
-constexpr int64_t M_BLOCK = 128;  // rows of x per pass of the weight when there are many
+// Rows of x per micro-kernel pass when there are many: 2 x MR accumulators, 2 weight vectors
+// and a broadcast fit the vector registers (16 below AVX-512, 32 with it).
+constexpr int MR = W == 16 ? 12 : 6;
+constexpr int64_t M_BLOCK = MR * (128 / MR);  // rows of x per pass of the weight
 typedef float vf __attribute__((vector_size(W * 4)));
 typedef uint32_t vu __attribute__((vector_size(W * 4)));
 
@@ -118,31 +123,71 @@ void run(const float* x, const uint16_t* packed, const float* bias, float* out, 
   });
 }
 
-// Any number of rows, as run<M> with the accumulators in a per-thread buffer.
+// acc[0, MR) += tile[k0:k1] * panel[k0:k1], the panel being MR rows of x packed column by
+// column ([k][MR]): one weight load and MR broadcasts, all from L1, per 2 x MR FMAs.
+inline void panel_pass(const uint16_t* tile, const float* panel, int64_t k0, int64_t k1,
+                       vf (*acc)[2]) {
+  vf a[MR][2];
+#pragma GCC unroll 12
+  for (int p = 0; p < MR; ++p) {
+    a[p][0] = acc[p][0];
+    a[p][1] = acc[p][1];
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    vf low, high;
+    widen(tile + k * TILE, low, high);
+    const float* xk = panel + k * MR;
+#pragma GCC unroll 12
+    for (int p = 0; p < MR; ++p) {
+      a[p][0] += low * xk[p];
+      a[p][1] += high * xk[p];
+    }
+  }
+#pragma GCC unroll 12
+  for (int p = 0; p < MR; ++p) {
+    acc[p][0] = a[p][0];
+    acc[p][1] = a[p][1];
+  }
+}
+
+// Any number of rows: x packed in panels of MR rows (the last padded with zeros), then, M_BLOCK
+// rows at a time, every tile passes the block's panels with the accumulators in a per-thread
+// buffer.
 void run_many(const float* x, const uint16_t* packed, const float* bias, float* out,
               int64_t m_dim, int64_t k_dim, int64_t n_dim) {
   const int64_t tiles = (n_dim + TILE - 1) / TILE;
+  const int64_t panels = (m_dim + MR - 1) / MR;
   const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
-  torch::stable::parallel_for(0, tiles, (tiles + threads - 1) / threads, [&](int64_t t0, int64_t t1) {
-    std::vector<vf> buffer(m_dim * 2);
-    vf (*acc)[2] = reinterpret_cast<vf (*)[2]>(buffer.data());
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint16_t* tile = packed + t * k_dim * TILE;
-      std::fill(buffer.begin(), buffer.end(), vf{});
-      for (int64_t k0 = 0; k0 < k_dim; k0 += K_BLOCK) {
-        const int64_t k1 = std::min(k_dim, k0 + K_BLOCK);
-        int m0 = 0;
-        for (; m0 + 4 <= m_dim; m0 += 4) pass<4>(tile, x, k_dim, m0, k0, k1, acc);
-        switch (m_dim - m0) {
-          case 1: pass<1>(tile, x, k_dim, m0, k0, k1, acc); break;
-          case 2: pass<2>(tile, x, k_dim, m0, k0, k1, acc); break;
-          case 3: pass<3>(tile, x, k_dim, m0, k0, k1, acc); break;
-          default: break;
-        }
+  std::vector<float> xp(panels * k_dim * MR);
+  torch::stable::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* panel = xp.data() + p * k_dim * MR;
+      for (int r = 0; r < MR; ++r) {
+        const int64_t m = p * MR + r;
+        for (int64_t k = 0; k < k_dim; ++k) panel[k * MR + r] = m < m_dim ? x[m * k_dim + k] : 0.f;
       }
-      store(acc, m_dim, t, bias, out, n_dim);
     }
   });
+  for (int64_t m0 = 0; m0 < m_dim; m0 += M_BLOCK) {
+    const int64_t rows = std::min(M_BLOCK, m_dim - m0);
+    const int64_t block_panels = (rows + MR - 1) / MR;
+    torch::stable::parallel_for(0, tiles, (tiles + threads - 1) / threads, [&](int64_t t0, int64_t t1) {
+      std::vector<vf> buffer(block_panels * MR * 2);
+      vf (*acc)[2] = reinterpret_cast<vf (*)[2]>(buffer.data());
+      for (int64_t t = t0; t < t1; ++t) {
+        const uint16_t* tile = packed + t * k_dim * TILE;
+        std::fill(buffer.begin(), buffer.end(), vf{});
+        for (int64_t k0 = 0; k0 < k_dim; k0 += K_BLOCK) {
+          const int64_t k1 = std::min(k_dim, k0 + K_BLOCK);
+          for (int64_t p = 0; p < block_panels; ++p) {
+            const float* panel = xp.data() + (m0 / MR + p) * k_dim * MR;
+            panel_pass(tile, panel, k0, k1, acc + p * MR);
+          }
+        }
+        store(acc, rows, t, bias, out + m0 * n_dim, n_dim);
+      }
+    });
+  }
 }
 
 }  // namespace
@@ -177,11 +222,7 @@ Tensor bf16_weight_linear(const Tensor& x, const Tensor& packed, const std::opti
     case 6: run<6>(px, pw, pb, po, k_dim, n_dim); break;
     case 7: run<7>(px, pw, pb, po, k_dim, n_dim); break;
     case 8: run<8>(px, pw, pb, po, k_dim, n_dim); break;
-    default:
-      for (int64_t m0 = 0; m0 < x.size(0); m0 += M_BLOCK) {
-        const int64_t rows = std::min(M_BLOCK, x.size(0) - m0);
-        run_many(px + m0 * k_dim, pw, pb, po + m0 * n_dim, rows, k_dim, n_dim);
-      }
+    default: run_many(px, pw, pb, po, x.size(0), k_dim, n_dim);
   }
   return out;
 }
