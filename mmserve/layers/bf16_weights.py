@@ -6,8 +6,9 @@ widens every weight to float32 exactly: the values stay bfloat16 values, in twic
 ``bf16_weight_linear.cpp``, which computes every product and sum in float32: the arithmetic
 ``F.linear`` does on the widened weight, on half the bytes. A decode step reads every weight
 once, so it takes about half the time. On one layer pair of the Qwen2-VL-2B shape's language
-model (``benchmarks/bf16_weight_linear.py``, 2 AVX2 threads) the kernel ran 1.8x oneDNN's
-packed float32 product at 1 row and 1.3x at 8, and within 4 % of it from 90 rows up.
+model (``benchmarks/bf16_weight_linear.py``, 2 AVX2 threads) the kernel ran 1.8-2.4x oneDNN's
+packed float32 product at 1 row and 1.3-2.9x at 8, and within 10 % of it either way from 90
+rows up.
 
 ``MMSERVE_BF16_WEIGHTS=0`` turns this off (every float32 weight is then packed for oneDNN,
 ``linear.py``).
