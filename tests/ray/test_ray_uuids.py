@@ -35,8 +35,14 @@ def prompt_of(frontend: FrontendEngine, part: dict, salt: str | None) -> PromptI
     return chat_to_prompt(frontend.tokenizer, chat_of(part), salt, frontend.chat_template)
 
 
-def store_of(redis: Any) -> dict[str, str]:
-    return {"encoder_store_redis": redis.url, "encoder_store_secret": SECRET}
+def store_of(redis: Any) -> dict[str, Any]:
+    # lookups get 5 s: one past the default 50 ms deadline is a miss that encodes here, and
+    # these tests count who encoded
+    return {
+        "encoder_store_redis": redis.url,
+        "encoder_store_secret": SECRET,
+        "encoder_store_timeout_ms": 5_000,
+    }
 
 
 @pytest.fixture(scope="module")

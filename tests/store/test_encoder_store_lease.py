@@ -74,6 +74,9 @@ def replica(url: str, **kw) -> LLMEngine:
     machine (the default 2 s can run out while a busy holder encodes: the waiter then takes
     over, correctly, but these tests count who encoded)."""
     kw.setdefault("encoder_store_lease_ms", LONG_LEASE_MS)
+    # and whose lookups (a Redis read, then the lease's SET NX) outlive one too: a lookup past
+    # the default 50 ms deadline is a miss that encodes here (a CI run saw the waiter do so)
+    kw.setdefault("encoder_store_timeout_ms", 5_000)
     return LLMEngine.from_args(
         "tiny-llava", encoder_store_redis=url, encoder_store_secret=SECRET, **kw
     )

@@ -39,6 +39,9 @@ def ask(llm: LLM, images) -> list[list[int]]:
 
 
 def replica(url: str, **kw) -> LLM:
+    """An engine on the shared Redis whose lookups get 5 s: one past the default 50 ms deadline
+    is a miss that encodes here, and these tests count who encoded."""
+    kw.setdefault("encoder_store_timeout_ms", 5_000)
     return LLM("tiny-llava", encoder_store_redis=url, encoder_store_secret=SECRET, **kw)
 
 
