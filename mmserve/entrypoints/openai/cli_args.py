@@ -273,6 +273,8 @@ def check_server_flags(args: argparse.Namespace) -> None:
         if value is not None and value < low:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if not 0 <= args.port <= 65535:  # else the socket calls wrap it (70000 -> 4464)
+        raise ValueError(f"--port must be 0-65535, got {args.port}")
 
 
 def engine_args(args: argparse.Namespace) -> EngineArgs:

@@ -102,6 +102,7 @@ def bad_flag_cases(tmp: Path) -> list[tuple[list[str], str]]:
         (["--max-json-depth", "0"], "max_json_depth"),
         (["--allowed-local-media-path", str(tmp / "missing")], "--allowed-local-media-path"),
         (["--allowed-media-networks", "intranet"], "intranet"),
+        (["--port", "70000"], "--port"),  # the socket calls wrap it to 4464
     ]
 
 
