@@ -40,7 +40,11 @@ def pack_bf16_exact(weight: torch.Tensor) -> torch.Tensor | None:
 def bf16_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for ``packed = pack_bf16_exact(weight)`` of ``n`` rows."""
+    """``F.linear(x, weight, bias)`` for ``packed = pack_bf16_exact(weight)`` of ``n`` rows.
+    ``x`` may have no rows, as ``F.linear``'s may: a chunked prefill step that ends no prompt
+    asks the head for no logits."""
+    if x.numel() == 0:
+        return x.new_empty(*x.shape[:-1], n)
     ops = cpu_ops()
     assert ops is not None
     out = ops.bf16_weight_linear(x.reshape(-1, x.shape[-1]), packed, bias, n)

@@ -81,6 +81,19 @@ def test_every_built_variant_computes_the_same_products() -> None:
             )
 
 
+@pytest.mark.parametrize("shape", [(0, 48), (2, 0, 48)])
+def test_no_rows_give_no_rows_as_f_linear_does(ops, shape) -> None:
+    """A chunked prefill step in which no prompt ends asks the head for the logits of 0 rows."""
+    from mmserve.layers.bf16_weights import bf16_linear
+
+    weight = torch.randn(64, 48).bfloat16().float()
+    packed = pack_bf16_exact(weight)
+    assert packed is not None
+    x = torch.randn(*shape)
+    out = bf16_linear(x, packed, None, 64)
+    assert out.shape == F.linear(x, weight).shape == (*shape[:-1], 64)
+
+
 def test_a_weight_with_other_values_is_not_packed(ops) -> None:
     weight = torch.randn(20, 16).bfloat16().float()
     weight[3, 5] += 1e-6  # one value between two bfloat16 values
@@ -178,3 +191,17 @@ def test_an_engine_in_float32_is_token_identical_to_transformers(ops, bf16_value
     outs = llm.generate([{"prompt": p, "images": i} for p, i in cases], params, use_tqdm=False)
     for (prompt, imgs), out in zip(cases, outs, strict=True):
         assert list(out.outputs[0].token_ids) == reference.greedy(prompt, imgs, 12), prompt
+
+
+def test_a_prompt_prefilled_in_chunks_is_token_identical_too(ops, bf16_valued_llava) -> None:
+    """Steps that end no prompt run the packed head on 0 rows (the LLaVA-OneVision shape's
+    1,458-token image failed this way with the default chunk budget)."""
+    llm = LLM(str(bf16_valued_llava), dtype="float32", seed=0, max_num_batched_tokens=16)
+    prompt = "USER: <image>\nWhat is in the picture? Describe it at length. ASSISTANT:"
+    image = [make_image(23)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = llm.generate({"prompt": prompt, "images": image}, params, use_tqdm=False)[0]
+    assert len(out.prompt_token_ids) > 2 * 16  # three or more chunks
+    assert list(out.outputs[0].token_ids) == Reference(str(bf16_valued_llava)).greedy(
+        prompt, image, 8
+    )
