@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from safetensors.torch import load_file
 
 from mmserve.bench.cli import main as bench_main
 from mmserve.bench.gpu.measure import TTFT_RUN, TURNS_SEED
@@ -19,6 +20,7 @@ from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.run import vllm_payload
 from mmserve.bench.real.tables import render
 from mmserve.bench.reuse.workload import Workload
+from mmserve.models.tiny import resolve_model_path
 
 TINY = ["--resolution", "160x120", "--reuse-requests", "3", "--decode-tokens", "4"]
 TINY += ["--decode-batches", "1,3", "--turns", "2", "--answer-tokens", "3", "--ttft-repeats", "1"]
@@ -113,6 +115,30 @@ def test_ratio_to_vllm_and_share_of_limit_follow_the_medians() -> None:
     # batch 1 reads 2 GB of bfloat16 weights per token: 20 GB/s / 2 GB = 10 tok/s
     assert rows["| decode tok/s, batch 1"] == "| decode tok/s, batch 1 | 5 | 4 | 1.25x | 10 | 50 |"
     assert "vLLM-cpu: 1 failed run(s): OSError: x" in render(results)
+
+
+def test_decode_limit_counts_the_bytes_the_checkpoint_stores() -> None:
+    """A bfloat16 checkpoint run in float32 can be read as its bfloat16 bytes: its decode limit
+    is the bandwidth over those, not over the float32 bytes."""
+    results = record({"mmserve": [{"decode_b1_tok_s": 5.0}]})
+    results["profile"]["bench_dtype"] = "float32"
+    entry = results["models"]["m"]
+    rows = {line.split(" | ")[0]: line for line in render(results).splitlines()}
+    assert rows["| decode tok/s, batch 1"].endswith("| 5 | 100 |")  # 20 GB/s / 4 GB
+    entry["lm_bytes"] = 2 * entry["lm_params"]
+    rows = {line.split(" | ")[0]: line for line in render(results).splitlines()}
+    assert rows["| decode tok/s, batch 1"].endswith("| 10 | 50 |")  # 20 GB/s / 2 GB
+
+
+def test_parameter_counts_read_the_stored_bytes() -> None:
+    from mmserve.bench.gpu.engines import parameter_counts
+
+    counts = parameter_counts("tiny-llava")
+    files = resolve_model_path("tiny-llava").glob("*.safetensors")
+    tensors = {k: v for f in files for k, v in load_file(f).items()}
+    language = [v for k, v in tensors.items() if "vision" not in k and "visual" not in k]
+    assert counts["lm_params"] == sum(v.numel() for v in language)
+    assert counts["lm_bytes"] == sum(v.numel() * v.element_size() for v in language)
 
 
 def test_vllm_gets_the_prompts_and_images_mmserve_gets(tmp_path: Path) -> None:

@@ -120,8 +120,9 @@ def text_prompt(work: Workload) -> str:
 
 def parameter_counts(model: str) -> dict[str, int]:
     """Parameters of the checkpoint from its safetensors headers: all, and the language
-    model's (those outside the vision tower), which every decode step reads."""
-    total = vision = 0
+    model's (those outside the vision tower), which every decode step reads; ``lm_bytes``:
+    the bytes the checkpoint stores those in."""
+    total = vision = lm_bytes = 0
     for path in resolve_model_path(model).glob("*.safetensors"):
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
@@ -135,4 +136,7 @@ def parameter_counts(model: str) -> dict[str, int]:
             total += count
             if "visual" in name or "vision" in name:
                 vision += count
-    return {"params": total, "lm_params": total - vision}
+            else:
+                start, end = entry["data_offsets"]
+                lm_bytes += end - start
+    return {"params": total, "lm_params": total - vision, "lm_bytes": lm_bytes}

