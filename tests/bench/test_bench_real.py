@@ -58,6 +58,9 @@ def test_each_engine_ran_every_round_in_its_own_process(tiny_run: dict[str, Any]
 def test_limits_and_prefill_flops_are_measured(tiny_run: dict[str, Any]) -> None:
     limits = tiny_run["limits"]
     assert limits["read_gb_s"] > 0.1 and limits["matmul_gflop_s"] > 0.1
+    after = tiny_run["limits_after"]  # measured again once the engines ran
+    assert after["read_gb_s"] > 0.1 and after["matmul_gflop_s"] > 0.1
+    assert f"{after['read_gb_s']:.3g} GB/s and" in tiny_run["markdown"]
     assert limits["matmul_dtype"] == tiny_run["profile"]["bench_dtype"]
     flops = tiny_run["models"]["tiny-llava"]["flops"]
     assert flops["flops_per_request"] > 0
@@ -128,6 +131,17 @@ def test_decode_limit_counts_the_bytes_the_checkpoint_stores() -> None:
     entry["lm_bytes"] = 2 * entry["lm_params"]
     rows = {line.split(" | ")[0]: line for line in render(results).splitlines()}
     assert rows["| decode tok/s, batch 1"].endswith("| 10 | 50 |")  # 20 GB/s / 2 GB
+
+
+def test_limits_use_the_faster_of_before_and_after_the_engines() -> None:
+    results = record({"mmserve": [{"decode_b1_tok_s": 5.0, "ttft_s": 20.0}]})
+    results["limits_after"] = {**results["limits"], "read_gb_s": 40.0, "matmul_gflop_s": 50.0}
+    table = render(results)
+    rows = {line.split(" | ")[0]: line for line in table.splitlines()}
+    # decode: 40 GB/s (after) / 2 GB = 20 tok/s; TTFT: 1e12 FLOP / 100 GFLOP/s (before) = 10 s
+    assert rows["| decode tok/s, batch 1"].endswith("| 20 | 25 |")
+    assert rows["| TTFT, one new image, s"].endswith("| 10 | 50 |")
+    assert "20 GB/s, bfloat16 matmul 100 GFLOP/s" in table and "40 GB/s and 50 GFLOP/s" in table
 
 
 def test_parameter_counts_read_the_stored_bytes() -> None:

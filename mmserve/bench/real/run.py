@@ -167,6 +167,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 shown = {k: v for k, v in run.items() if not isinstance(v, (list, dict))}
                 print(model, engine, round_, shown, flush=True)
                 save("real", args.out, results)  # what has run survives an interruption
+    results["limits_after"] = run_child(
+        {"kind": "limits", "profile": profile.as_json()}, args.threads, 600
+    )
+    print("limits after the engines:", results["limits_after"], flush=True)
     table = render(results)
     results["markdown"] = table
     path = save("real", args.out, results)

@@ -114,8 +114,38 @@ def model_table(model: str, entry: dict[str, Any], engines: list[str], limits: d
     return lines
 
 
+def best_limits(results: dict[str, Any]) -> dict[str, Any]:
+    """The limits measured before the engines ran and, where recorded, after them
+    (``limits_after``): each rate the higher of the two. This VM's memory and arithmetic drift
+    while the engines run, so one measurement can put a figure above or far below its limit."""
+    measured: list[dict[str, Any]] = [
+        m for m in (results.get("limits"), results.get("limits_after")) if m and "error" not in m
+    ]
+    if not measured:
+        return results.get("limits", {})
+    best = dict(measured[0])
+    for rate in ("read_gb_s", "matmul_gflop_s"):
+        best[rate] = max(m[rate] for m in measured)
+    return best
+
+
+def _limits_line(results: dict[str, Any]) -> str:
+    first, after = results["limits"], results.get("limits_after")
+    line = (
+        f"Limits measured in the same run ({first['cpu_capability']}): read bandwidth "
+        f"{first['read_gb_s']:.3g} GB/s, {first['matmul_dtype']} matmul "
+        f"{first['matmul_gflop_s']:.3g} GFLOP/s ({first['matmul_size']}-square F.linear)"
+    )
+    if after and "error" not in after:
+        line += (
+            f" before the engines ran, {after['read_gb_s']:.3g} GB/s and "
+            f"{after['matmul_gflop_s']:.3g} GFLOP/s after; the limits use the higher of each"
+        )
+    return line + "."
+
+
 def render(results: dict[str, Any]) -> str:
-    profile, limits = results["profile"], results.get("limits", {})
+    profile, limits = results["profile"], best_limits(results)
     dtype, engines = profile["bench_dtype"], results["engines"]
     width, height = profile["resolution"]
     lines = [
@@ -123,11 +153,7 @@ def render(results: dict[str, Any]) -> str:
         "a fresh process per round, rounds interleaved; medians (min-max).",
     ]
     if limits and "error" not in limits:
-        lines.append(
-            f"Limits measured in the same run ({limits['cpu_capability']}): read bandwidth "
-            f"{limits['read_gb_s']:.3g} GB/s, {limits['matmul_dtype']} matmul "
-            f"{limits['matmul_gflop_s']:.3g} GFLOP/s ({limits['matmul_size']}-square F.linear)."
-        )
+        lines.append(_limits_line(results))
     for model, entry in results["models"].items():
         lines += ["", *model_table(model, entry, engines, limits, dtype)]
     return "\n".join(lines) + "\n"
