@@ -60,7 +60,7 @@ def test_limits_and_prefill_flops_are_measured(tiny_run: dict[str, Any]) -> None
     assert limits["read_gb_s"] > 0.1 and limits["matmul_gflop_s"] > 0.1
     after = tiny_run["limits_after"]  # measured again once the engines ran
     assert after["read_gb_s"] > 0.1 and after["matmul_gflop_s"] > 0.1
-    assert f"{after['read_gb_s']:.3g} GB/s and" in tiny_run["markdown"]
+    assert f"{after['read_gb_s']:.3g} GB/s and" in tiny_run["markdown"]  # in the limits line
     assert limits["matmul_dtype"] == tiny_run["profile"]["bench_dtype"]
     flops = tiny_run["models"]["tiny-llava"]["flops"]
     assert flops["flops_per_request"] > 0
@@ -141,7 +141,15 @@ def test_limits_use_the_faster_of_before_and_after_the_engines() -> None:
     # decode: 40 GB/s (after) / 2 GB = 20 tok/s; TTFT: 1e12 FLOP / 100 GFLOP/s (before) = 10 s
     assert rows["| decode tok/s, batch 1"].endswith("| 20 | 25 |")
     assert rows["| TTFT, one new image, s"].endswith("| 10 | 50 |")
-    assert "20 GB/s, bfloat16 matmul 100 GFLOP/s" in table and "40 GB/s and 50 GFLOP/s" in table
+    assert "20 GB/s and 100 GFLOP/s before" in table and "40 GB/s and 50 GFLOP/s after" in table
+
+
+def test_limits_measured_only_after_the_engines_still_render() -> None:
+    results = record({"mmserve": [{"decode_b1_tok_s": 5.0}]})
+    results["limits_after"] = results["limits"]
+    results["limits"] = {"error": "the limits child failed"}
+    table = render(results)
+    assert "20 GB/s and 100 GFLOP/s after the engines" in table and "before" not in table
 
 
 def test_parameter_counts_read_the_stored_bytes() -> None:

@@ -130,18 +130,23 @@ def best_limits(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _limits_line(results: dict[str, Any]) -> str:
-    first, after = results["limits"], results.get("limits_after")
-    line = (
-        f"Limits measured in the same run ({first['cpu_capability']}): read bandwidth "
-        f"{first['read_gb_s']:.3g} GB/s, {first['matmul_dtype']} matmul "
-        f"{first['matmul_gflop_s']:.3g} GFLOP/s ({first['matmul_size']}-square F.linear)"
+    """The limits as measured, before and after the engines ran (either may have failed)."""
+    ok = {
+        when: m
+        for when, m in (("before", results.get("limits")), ("after", results.get("limits_after")))
+        if m and "error" not in m
+    }
+    some = next(iter(ok.values()))
+    rates = [
+        f"{m['read_gb_s']:.3g} GB/s and {m['matmul_gflop_s']:.3g} GFLOP/s {when} the engines ran"
+        for when, m in ok.items()
+    ]
+    return (
+        f"Limits measured in the same run ({some['cpu_capability']}; read bandwidth and "
+        f"{some['matmul_dtype']} matmul, {some['matmul_size']}-square F.linear): "
+        + ", ".join(rates)
+        + ("; the limits use the higher of each." if len(ok) > 1 else ".")
     )
-    if after and "error" not in after:
-        line += (
-            f" before the engines ran, {after['read_gb_s']:.3g} GB/s and "
-            f"{after['matmul_gflop_s']:.3g} GFLOP/s after; the limits use the higher of each"
-        )
-    return line + "."
 
 
 def render(results: dict[str, Any]) -> str:
