@@ -20,6 +20,7 @@ from typing import Any
 from mmserve.inputs import VideoFrames
 from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.image.prep import ImagePreparer
+from mmserve.multimodal.process_pools import STOP_TIMEOUT_S, stop_process_pool
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.multimodal.video.decode import VideoLimits
 from mmserve.multimodal.video.sampling import VideoSampling
@@ -117,8 +118,10 @@ class MediaWorkers:
             pool.shutdown(wait=False, cancel_futures=True)
             raise RuntimeError(f"{what} failed (worker process died)") from None
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the workers; returns once they have ended (``stop_process_pool``), so it
+        blocks for up to twice ``timeout_s``: call it off the event loop."""
         self._closed = True
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            stop_process_pool(self._pool, timeout_s)
             self._pool = None

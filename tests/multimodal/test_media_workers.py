@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import multiprocessing
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,3 +81,38 @@ def test_a_dead_worker_fails_one_image_and_the_pool_recovers() -> None:
         asyncio.run(run())
     finally:
         workers.shutdown()
+
+
+def _pool_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread"]
+
+
+def test_shutdown_returns_once_the_workers_and_the_pool_thread_ended() -> None:
+    # Python 3.11 wakes a pool's thread at interpreter exit without a lock: a thread still
+    # closing its pipe then printed "OSError: [Errno 9] Bad file descriptor" after a clean stop
+    engine = LLMEngine.from_args("tiny-llava")
+    workers = MediaWorkers(engine.processor, 1)
+    asyncio.run(workers.run(jpeg_bytes(6)))
+    assert multiprocessing.active_children() and _pool_threads()
+    workers.shutdown()
+    assert multiprocessing.active_children() == []
+    assert _pool_threads() == []
+
+
+def test_shutdown_ends_a_busy_worker_after_the_timeout() -> None:
+    engine = LLMEngine.from_args("tiny-llava")
+    workers = MediaWorkers(engine.processor, 1)
+
+    async def start_a_long_job() -> None:
+        await workers.run(jpeg_bytes(7))
+        asyncio.ensure_future(workers._submit("sleeping", time.sleep, 60))
+        await asyncio.sleep(0.5)  # the worker has taken the job
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(start_a_long_job())
+    t0 = time.monotonic()
+    workers.shutdown(timeout_s=1.0)
+    assert time.monotonic() - t0 < 10
+    assert multiprocessing.active_children() == []
+    assert _pool_threads() == []
+    loop.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,3 +55,12 @@ def test_server_sizes_the_guard_from_max_queued_requests(queued: int) -> None:
     )
     app = build_app_from_args(args)
     assert app.state.json_guard.max_waiting == max(1, queued)
+
+
+def test_shutdown_returns_once_the_helper_and_the_pool_thread_ended() -> None:
+    guard = JSONGuard(RequestLimits(), max_waiting=1)
+    assert asyncio.run(guard.parse(BODY)) == {"model": "m", "messages": []}
+    assert multiprocessing.active_children()
+    guard.shutdown()
+    assert multiprocessing.active_children() == []
+    assert not [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread"]

@@ -80,8 +80,9 @@ def build_app(
         try:
             yield
         finally:
-            guard.shutdown()
-            await asyncio.to_thread(engine.shutdown)
+            await asyncio.gather(
+                asyncio.to_thread(guard.shutdown), asyncio.to_thread(engine.shutdown)
+            )
             await engine.fetcher.aclose()
 
     app = FastAPI(title="mmserve", lifespan=lifespan)

@@ -20,6 +20,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from mmserve.entrypoints.openai.http.limits import LimitExceeded, RequestLimits
+from mmserve.multimodal.process_pools import stop_process_pool
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,9 @@ class JSONGuard:
         return value
 
     def shutdown(self) -> None:
+        """Stop the helper; returns once it has ended (``stop_process_pool``): call it off
+        the event loop."""
         self._closed = True
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            stop_process_pool(self._pool)
             self._pool = None
