@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
+import torch
 from tqdm import tqdm
 
 from mmserve.engine.loop.llm_engine import LLMEngine
@@ -116,7 +117,7 @@ class LLM:
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"
             )
         intake = self.engine.intake
-        processed = [intake.process(inp) for inp in inputs]  # validate all first
+        processed = intake.process_all(inputs, torch.get_num_threads())  # validate all first
         intake.wait_for_store(processed)  # the lookups all started above
         order: dict[str, int] = {}
         for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):

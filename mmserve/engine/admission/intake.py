@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from mmserve.config import EngineConfig
 from mmserve.core.scheduler import Scheduler
@@ -85,6 +85,26 @@ class RequestIntake:
         self.start_store_lookup(processed, found)
         self.handles.register_named(prompt, named)  # admitted: later prompts may name them
         return processed
+
+    def process_all(self, prompts: Sequence[PromptInput], threads: int) -> list[ProcessedPrompt]:
+        """``process`` each prompt, up to ``threads`` at a time (the offline API prepares a
+        batch while the model is idle: one thread would leave the other cores idle). Results
+        are in the prompts' order; the first failure in that order is raised once every
+        prompt is done. A prompt naming a media handle starts after every prompt before it is
+        done and finishes before any after it starts: it may name an image one of them
+        registers (an image sent with a ``uuid``), and may register one itself."""
+        if threads <= 1 or len(prompts) <= 1:
+            return [self.process(p) for p in prompts]
+        futures: list[Future[ProcessedPrompt]] = []
+        with ThreadPoolExecutor(threads, thread_name_prefix="mmserve-intake") as pool:
+            for prompt in prompts:
+                names_handle = any(map(is_handle, [*prompt.images, *prompt.videos]))
+                if names_handle:
+                    wait(futures)
+                futures.append(pool.submit(self.process, prompt))
+                if names_handle:
+                    wait(futures[-1:])
+        return [future.result() for future in futures]
 
     def admit_encode(self, prompt: PromptInput) -> tuple[ProcessedPrompt, list[HandleRecord]]:
         """An encode-ahead prompt (its images and videos: no handles, no image_embeds)
