@@ -14,10 +14,9 @@ from mmserve.config import ModelConfig
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import MediaHandleError, is_handle
 from mmserve.multimodal.hashing import hash_uuid, multi_image_hash, salted
-from mmserve.multimodal.image.decode import checked_image
 from mmserve.multimodal.image.idefics3 import TiledImageExpander
 from mmserve.multimodal.image.memo import PreparedImage, ProcessedImageMemo
-from mmserve.multimodal.image.prep import ImagePreparer
+from mmserve.multimodal.image.prep import DecodedPixels, ImagePreparer
 from mmserve.multimodal.image.text_expansion import ImageTextExpander
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.multimodal.placeholders import placeholder_places, spliced
@@ -267,14 +266,16 @@ class InputProcessor:
         merged = self.image_kwargs(mm_kwargs)
         preparer = self.preparers.get(merged)
         raw = preparer.read(source)
-        if isinstance(raw, Image.Image):
+        pixels: DecodedPixels | None = None
+        if isinstance(raw, Image.Image):  # keyed by its content hash, which preparing reuses
+            pixels = preparer.decoded_pixels(raw)
             mode = "multi|" if multi_image else ""
-            key = f"{cache_salt or ''}|{mode}px:{preparer.content_hash(checked_image(raw))}"
+            key = f"{cache_salt or ''}|{mode}px:{pixels.mm_hash}"
         else:
             key = memo_key(raw, cache_salt, merged, multi_image)
         prepared = self.memo.get(key)
         if prepared is None:
-            prepared = preparer.prepare(raw, multi_image)
+            prepared = preparer.prepare(raw if pixels is None else pixels, multi_image)
             self.memo.put(key, prepared)
         return prepared
 

@@ -93,3 +93,38 @@ def test_memo_is_bounded_by_bytes():
     assert memo.get("4") is not None
     memo.put("huge", PreparedImage("h", np.zeros(10_000, np.float32), 1))
     assert memo.get("huge") is None
+
+
+def test_a_pil_image_is_hashed_and_copied_once_per_preparation(engine, monkeypatch):
+    """The memo's key of a PIL image is its content hash; preparing it on a miss takes that
+    hash and those pixels, not a second ``tobytes`` and blake3 of the same pixels."""
+    from mmserve.multimodal.image import prep
+
+    hashes: list[str] = []
+    copies: list[bool] = []
+    real_hash, real_tobytes = prep.hash_image, Image.Image.tobytes
+
+    def counting_hash(*args, **kwargs):
+        hashes.append(real_hash(*args, **kwargs))
+        return hashes[-1]
+
+    def counting_tobytes(self, *args, **kwargs):
+        copies.append(self is image)  # not the resized copy numpy reads
+        return real_tobytes(self, *args, **kwargs)
+
+    image = Image.fromarray(np.random.default_rng(7).integers(0, 255, (40, 50, 3), np.uint8))
+    expected = real_hash(image, *_hash_settings(engine))
+    monkeypatch.setattr(prep, "hash_image", counting_hash)
+    monkeypatch.setattr(Image.Image, "tobytes", counting_tobytes)
+    prepared = engine.processor.prepare_image(image)
+    assert len(hashes) == 1 and sum(copies) == 1
+    assert prepared.mm_hash == hashes[0] == expected
+    engine.processor.prepare_image(image)  # a memo hit: hashed again to find it, no more
+    assert len(hashes) == 2 and sum(copies) == 2
+
+
+def _hash_settings(engine):
+    from mmserve.multimodal.sampling_keys import without_sampling
+
+    mc = engine.processor.model_config
+    return mc.model, without_sampling(mc.processor_kwargs)

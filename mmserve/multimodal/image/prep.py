@@ -165,6 +165,16 @@ def preprocessing_mode(mode: str | None = None) -> str:
     return mode
 
 
+@dataclass(frozen=True)
+class DecodedPixels:
+    """A decoded image, its pixels (``image.tobytes()``) and their content hash
+    (``ImagePreparer.content_hash``): what preparing needs of it, computed once."""
+
+    image: Image.Image
+    pixels: bytes
+    mm_hash: str
+
+
 class ImagePreparer:
     """Reads (under the media policy), decodes, hashes and preprocesses one image."""
 
@@ -210,9 +220,16 @@ class ImagePreparer:
         mc = self.model_config
         return hash_image(image, mc.model, without_sampling(mc.processor_kwargs), pixels)
 
+    def decoded_pixels(self, image: Image.Image) -> DecodedPixels:
+        """A decoded image (checked) with its pixels copied out once and their content hash."""
+        image = checked_image(image)
+        pixels = image.tobytes()
+        return DecodedPixels(image, pixels, self.content_hash(image, pixels))
+
     def prepare(self, raw: Any, multi_image: bool = False) -> PreparedImage:
-        """``raw``: encoded bytes, a PIL image, or any source ``read`` accepts;
-        ``multi_image``: prepare it in the multi-image mode (``multi_image(count)``)."""
+        """``raw``: encoded bytes, a PIL image, ``decoded_pixels`` of one, or any source
+        ``read`` accepts; ``multi_image``: prepare it in the multi-image mode
+        (``multi_image(count)``)."""
         glue = self.image_inputs
         if glue is None:
             raise ValueError("this model does not accept images")
@@ -220,15 +237,16 @@ class ImagePreparer:
             if glue.multi_image is None:
                 raise ValueError(f"{self.model_config.architecture} has no multi-image mode")
             glue = glue.multi_image
-        if not isinstance(raw, (bytes, Image.Image)):
+        if not isinstance(raw, (bytes, Image.Image, DecodedPixels)):
             raw = self.read(raw)
-        image = checked_image(raw) if isinstance(raw, Image.Image) else decode_image(raw)
-        pixels = image.tobytes()  # one copy of the decoded pixels for the hash and the fast path
+        if not isinstance(raw, DecodedPixels):
+            image = checked_image(raw) if isinstance(raw, Image.Image) else decode_image(raw)
+            raw = self.decoded_pixels(image)
+        image, pixels = raw.image, raw.pixels  # one copy for the hash and the fast path
         fast = glue.fast(self.fast) if self.fast is not None and self.fast.accepts(image) else None
         if fast is not None:
             processed = fast(image, pixels)
         else:
             processed = glue.hf(self.image_processor, image)
         data, length = glue.inputs(processed, self.image_processor, self.model_config)
-        mm_hash = self.content_hash(image, pixels)
-        return PreparedImage(mm_hash, data, length, image.size, multi_image)
+        return PreparedImage(raw.mm_hash, data, length, image.size, multi_image)
