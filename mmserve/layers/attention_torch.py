@@ -91,7 +91,10 @@ class TorchAttentionPlan:
         seq_lens: list[int],
         bs: int,
         image_ranges: list[ImageRanges] | None = None,
+        decodes: bool = True,
     ) -> TorchAttentionPlan:
+        """``decodes``: False leaves the decode rows (one query after earlier keys) out of the
+        plan, for the CPU kernel to attend (``AttentionMetadata.kernel_decodes``)."""
         device = block_tables.device
         prefills: list[PrefillSegment] = []
         decode_idx: list[int] = []
@@ -103,6 +106,9 @@ class TorchAttentionPlan:
             slots = block_tables[row, pos // bs] * bs + pos % bs
             start = total - n
             if n == 1 and start > 0:
+                if not decodes:
+                    offset += n
+                    continue
                 decode_idx.append(offset)
                 decode_slots.append(slots)
                 decode_lens.append(total)

@@ -105,6 +105,8 @@ class FlatBatchBuilder:
         bs = self.block_size
         slot_mapping = block_tables[row, pos // bs] * bs + pos % bs
         dev = self.device
+        kernel = self.attention_backend == "cpu-kernel"
+        has_decodes = any(n == 1 and t > 1 for n, t in zip(query_lens, seq_lens, strict=True))
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),
             query_start_loc=query_start_loc.to(dev, torch.int32),
@@ -113,7 +115,8 @@ class FlatBatchBuilder:
             block_size=bs,
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
-            use_kernel=self.attention_backend == "cpu-kernel" and max(query_lens) == 1,
+            use_kernel=kernel and max(query_lens) == 1,
+            kernel_decodes=kernel and max(query_lens) > 1 and has_decodes,
             use_flex=self.attention_backend == "flex",
             image_ranges=image_ranges,
         )
