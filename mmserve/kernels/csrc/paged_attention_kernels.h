@@ -76,35 +76,6 @@ inline v16f exp16(v16f x) {
   return y * (v16f)bits;  // same-size vector cast: a bit cast
 }
 
-inline float hmax(v16f v) {
-  float m = v[0];
-  for (int i = 1; i < L; ++i) m = std::max(m, v[i]);
-  return m;
-}
-
-// Sums of 16 vectors at once: lane t of the result is the sum of a[t]'s lanes (a shuffle tree:
-// 15 pairs of shuffles instead of 16 horizontal sums).
-inline v16f sum16x16(v16f* a) {
-  static const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  static const v16i hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  static const v16i lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  static const v16i hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  static const v16i lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  static const v16i hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  static const v16i even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  static const v16i odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  for (int i = 0; i < 8; ++i)
-    a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo8) +
-           __builtin_shuffle(a[2 * i], a[2 * i + 1], hi8);
-  for (int i = 0; i < 4; ++i)
-    a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo4) +
-           __builtin_shuffle(a[2 * i], a[2 * i + 1], hi4);
-  for (int i = 0; i < 2; ++i)
-    a[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo2) +
-           __builtin_shuffle(a[2 * i], a[2 * i + 1], hi2);
-  return __builtin_shuffle(a[0], a[1], even) + __builtin_shuffle(a[0], a[1], odd);
-}
-
 template <typename T>
 struct KeyChunk {
   const T* k[KC];
@@ -252,47 +223,9 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) 
   write_out<D, T>(a, w, group, s.acc, lsum);
 }
 
-// One decode (a single query position): its group's few rows, one dot product per key.
+// One decode (a single query position): its group's few rows, one dot product per key;
+// defined in paged_attention_decode.cpp, the one file that compiles it (at -O3).
 template <int D, typename T>
-void attend_decode(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) {
-  const int64_t row = a.query_start_loc[w.seq];
-  const int n_keys = a.seq_lens[w.seq];
-  const int rows_padded = (group + RB - 1) / RB * RB;
-  float* q = s.qt;  // [rows][D]
-  for (int g = 0; g < group; ++g) {
-    const T* src = a.q + row * a.q_row_stride + (w.kv_head * group + g) * D;
-    for (int d = 0; d < D; ++d) q[g * D + d] = to_float(src[d]) * a.scale;
-  }
-  std::fill(s.acc, s.acc + rows_padded * D, 0.f);
-  std::fill(s.p, s.p + KC * TILE_ROWS, 0.f);
-  float m[TILE_ROWS], l[TILE_ROWS];
-  std::fill(m, m + group, NEG_INF);
-  std::fill(l, l + group, 0.f);
-  const int32_t* table = a.block_tables + w.seq * a.max_blocks;
-  KeyChunk<T> c;
-  for (int k0 = 0; k0 < n_keys; k0 += KC) {
-    gather_pointers<D, T>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
-    for (int g = 0; g < group; ++g) {
-      v16f partial[KC];
-      for (int t = 0; t < KC; ++t) {
-        partial[t] = v16f{};
-        for (int d = 0; d < D; d += L) partial[t] += load(q + g * D + d) * load(c.k[t] + d);
-      }
-      v16f x = sum16x16(partial);
-      for (int t = c.n; t < KC; ++t) x[t] = NEG_INF;
-      const float m_new = std::max(m[g], hmax(x));
-      const float corr = m[g] == NEG_INF ? 0.f : std::exp(m[g] - m_new);
-      const v16f e = x == NEG_INF ? v16f{} : exp16(x - m_new);
-      l[g] = l[g] * corr + hsum(e);
-      m[g] = m_new;
-      for (int t = 0; t < KC; ++t) s.p[t * TILE_ROWS + g] = e[t];
-      if (corr != 1.f) {
-        for (int d = 0; d < D; ++d) s.acc[g * D + d] *= corr;
-      }
-    }
-    accumulate_pv<D, T>(c, s.p, TILE_ROWS, s.acc, rows_padded);
-  }
-  write_out<D, T>(a, w, group, s.acc, l);
-}
+void attend_decode(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s);
 
 }  // namespace mmserve_attention
