@@ -6,10 +6,23 @@
 
 namespace mmserve_attention {
 
+constexpr v16i LANES = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// The largest lane, by halving with shuffles (a loop over the lanes went through the stack).
 inline float hmax(v16f v) {
-  float m = v[0];
-  for (int i = 1; i < L; ++i) m = std::max(m, v[i]);
-  return m;
+  constexpr v16i h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+  constexpr v16i h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  constexpr v16i h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  constexpr v16i h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  v16f w = __builtin_shuffle(v, h8);
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, h4);
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, h2);
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, h1);
+  v = v > w ? v : w;
+  return v[0];
 }
 
 // Sums of 16 vectors at once: lane t of the result is the sum of a[t]'s lanes (a shuffle tree:
@@ -40,14 +53,12 @@ template <int D, typename T>
 void attend_decode(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) {
   const int64_t row = a.query_start_loc[w.seq];
   const int n_keys = a.seq_lens[w.seq];
-  const int rows_padded = (group + RB - 1) / RB * RB;
   float* q = s.qt;  // [rows][D]
   for (int g = 0; g < group; ++g) {
     const T* src = a.q + row * a.q_row_stride + (w.kv_head * group + g) * D;
     for (int d = 0; d < D; ++d) q[g * D + d] = to_float(src[d]) * a.scale;
   }
-  std::fill(s.acc, s.acc + rows_padded * D, 0.f);
-  std::fill(s.p, s.p + KC * TILE_ROWS, 0.f);
+  std::fill(s.acc, s.acc + group * D, 0.f);
   float m[TILE_ROWS], l[TILE_ROWS];
   std::fill(m, m + group, NEG_INF);
   std::fill(l, l + group, 0.f);
@@ -61,19 +72,18 @@ void attend_decode(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s
         partial[t] = v16f{};
         for (int d = 0; d < D; d += L) partial[t] += load(q + g * D + d) * load(c.k[t] + d);
       }
-      v16f x = sum16x16(partial);
-      for (int t = c.n; t < KC; ++t) x[t] = NEG_INF;
+      const v16f x = LANES < c.n ? sum16x16(partial) : splat(NEG_INF);
       const float m_new = std::max(m[g], hmax(x));
       const float corr = m[g] == NEG_INF ? 0.f : std::exp(m[g] - m_new);
       const v16f e = x == NEG_INF ? v16f{} : exp16(x - m_new);
       l[g] = l[g] * corr + hsum(e);
       m[g] = m_new;
-      for (int t = 0; t < KC; ++t) s.p[t * TILE_ROWS + g] = e[t];
+      store(s.p + g * KC, e);  // the row's probabilities, [row][key]: one store
       if (corr != 1.f) {
         for (int d = 0; d < D; ++d) s.acc[g * D + d] *= corr;
       }
     }
-    accumulate_pv<D, T>(c, s.p, TILE_ROWS, s.acc, rows_padded);
+    accumulate_pv<D, T>(c, s.p, 1, KC, s.acc, group);
   }
   write_out<D, T>(a, w, group, s.acc, l);
 }

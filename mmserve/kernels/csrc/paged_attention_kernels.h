@@ -104,24 +104,38 @@ inline void gather_pointers(const Args<T>& a, const int32_t* table, int kv_head,
   }
 }
 
-// acc[r] += sum_t p[t][r] * V[t] for rows [0, rows_padded), rows in blocks of RB.
-template <int D, typename T>
-inline void accumulate_pv(const KeyChunk<T>& c, const float* p, int p_stride, float* acc,
-                          int rows_padded) {
-  for (int r = 0; r < rows_padded; r += RB) {
-    v16f o[RB][D / L];
-    for (int rr = 0; rr < RB; ++rr)
-      for (int j = 0; j < D / L; ++j) o[rr][j] = load(acc + (r + rr) * D + j * L);
-    for (int t = 0; t < c.n; ++t) {
-      v16f vv[D / L];
-      for (int j = 0; j < D / L; ++j) vv[j] = load(c.v[t] + j * L);
-      for (int rr = 0; rr < RB; ++rr) {
-        const float pr = p[t * p_stride + r + rr];
-        for (int j = 0; j < D / L; ++j) o[rr][j] += pr * vv[j];
-      }
+// acc[r] += sum_t p[t * t_stride + r * r_stride] * V[t] for the R rows [r0, r0 + R).
+template <int D, typename T, int R>
+inline void accumulate_rows(const KeyChunk<T>& c, const float* p, int t_stride, int r_stride,
+                            float* acc, int r0) {
+  v16f o[R][D / L];
+  for (int rr = 0; rr < R; ++rr)
+    for (int j = 0; j < D / L; ++j) o[rr][j] = load(acc + (r0 + rr) * D + j * L);
+  for (int t = 0; t < c.n; ++t) {
+    v16f vv[D / L];
+    for (int j = 0; j < D / L; ++j) vv[j] = load(c.v[t] + j * L);
+    for (int rr = 0; rr < R; ++rr) {
+      const float pr = p[t * t_stride + (r0 + rr) * r_stride];
+      for (int j = 0; j < D / L; ++j) o[rr][j] += pr * vv[j];
     }
-    for (int rr = 0; rr < RB; ++rr)
-      for (int j = 0; j < D / L; ++j) store(acc + (r + rr) * D + j * L, o[rr][j]);
+  }
+  for (int rr = 0; rr < R; ++rr)
+    for (int j = 0; j < D / L; ++j) store(acc + (r0 + rr) * D + j * L, o[rr][j]);
+}
+
+// The same for rows [0, rows): blocks of RB rows, then the rest in one smaller block (a decode
+// with 2 query heads per kv head used to compute 4 rows, 2 of them zeros).
+template <int D, typename T>
+inline void accumulate_pv(const KeyChunk<T>& c, const float* p, int t_stride, int r_stride,
+                          float* acc, int rows) {
+  static_assert(RB == 4, "the rest below is 1 to 3 rows");
+  int r = 0;
+  for (; r + RB <= rows; r += RB) accumulate_rows<D, T, RB>(c, p, t_stride, r_stride, acc, r);
+  switch (rows - r) {
+    case 3: accumulate_rows<D, T, 3>(c, p, t_stride, r_stride, acc, r); break;
+    case 2: accumulate_rows<D, T, 2>(c, p, t_stride, r_stride, acc, r); break;
+    case 1: accumulate_rows<D, T, 1>(c, p, t_stride, r_stride, acc, r); break;
+    default: break;
   }
 }
 
@@ -216,7 +230,7 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) 
         for (int d = 0; d < D; ++d) acc[d] *= corr[i];
       }
     }
-    accumulate_pv<D, T>(c, s.p, TILE_ROWS, s.acc, (rows + RB - 1) / RB * RB);
+    accumulate_pv<D, T>(c, s.p, TILE_ROWS, 1, s.acc, rows);
   }
   float lsum[TILE_ROWS];
   for (int j = 0; j < V; ++j) store(lsum + j * L, l[j]);
