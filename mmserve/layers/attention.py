@@ -19,7 +19,11 @@ from mmserve.kernels import (
 from mmserve.layers.attention_flex import FlexAttentionPlan, flex_paged_attention
 from mmserve.layers.attention_masks import ImageRanges
 from mmserve.layers.attention_static import StaticDecodePlan, static_decode_attention
-from mmserve.layers.attention_torch import TorchAttentionPlan, torch_paged_attention
+from mmserve.layers.attention_torch import (
+    TorchAttentionPlan,
+    is_decode_row,
+    torch_paged_attention,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +110,7 @@ class DecodeRows:
     def build(cls, meta: AttentionMetadata) -> DecodeRows:
         sequences, flat_rows, offset = [], [], 0
         for b, (n, total) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=True)):
-            if n == 1 and total > 1:  # the torch plan's decode rule
+            if is_decode_row(n, total):
                 sequences.append(b)
                 flat_rows.append(offset)
             offset += n

@@ -13,6 +13,12 @@ import torch.nn.functional as F
 from mmserve.layers.attention_masks import ImageRanges, decode_window, prefill_mask, window_start
 
 
+def is_decode_row(query_len: int, seq_len: int) -> bool:
+    """Whether a sequence's rows in a step are a decode: one query after earlier keys. Such rows
+    attend in one batched call (this path's padded SDPA, or the CPU kernel)."""
+    return query_len == 1 and seq_len > 1
+
+
 @dataclass
 class PrefillSegment:
     """Queries [q_start, q_start + q_len) of one sequence attending to its first ctx_len keys."""
@@ -105,7 +111,7 @@ class TorchAttentionPlan:
             pos = torch.arange(total, device=device)
             slots = block_tables[row, pos // bs] * bs + pos % bs
             start = total - n
-            if n == 1 and start > 0:
+            if is_decode_row(n, total):
                 if not decodes:
                     offset += n
                     continue

@@ -23,6 +23,7 @@ import torch
 
 from mmserve.core.outputs import SchedulerOutput
 from mmserve.layers.attention import AttentionMetadata
+from mmserve.layers.attention_torch import is_decode_row
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.request_state import RequestState
 
@@ -106,7 +107,7 @@ class FlatBatchBuilder:
         slot_mapping = block_tables[row, pos // bs] * bs + pos % bs
         dev = self.device
         kernel = self.attention_backend == "cpu-kernel"
-        has_decodes = any(n == 1 and t > 1 for n, t in zip(query_lens, seq_lens, strict=True))
+        has_decodes = any(map(is_decode_row, query_lens, seq_lens))
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),
             query_start_loc=query_start_loc.to(dev, torch.int32),
