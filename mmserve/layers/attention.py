@@ -239,19 +239,8 @@ def paged_attention(
         return static_decode_attention(k_cache, v_cache, q, meta.static_decode, scale)
     if meta.use_kernel:
         assert sliding_window is None and meta.image_ranges is None
-        kernel = paged_attention_kernel()
-        assert kernel is not None
-        heads_contiguous = q.stride(2) == 1 and q.stride(1) == q.shape[2]
-        return kernel(
-            q if heads_contiguous else q.contiguous(),
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.query_start_loc,
-            meta.seq_lens,
-            scale,
-            meta.block_size,
-        )
+        tables, starts, lens = meta.block_tables, meta.query_start_loc, meta.seq_lens
+        return _kernel(q, k_cache, v_cache, tables, starts, lens, scale, meta.block_size)
     if meta.use_flex:
         assert sliding_window is None and meta.image_ranges is None
         return flex_paged_attention(k_cache, v_cache, q, meta.flex_plan(k_cache.shape[0]), scale)
@@ -259,17 +248,28 @@ def paged_attention(
     out = torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)
     if meta.kernel_decodes:
         assert sliding_window is None and meta.image_ranges is None
-        kernel = paged_attention_kernel()
-        assert kernel is not None
         rows = meta.decode_rows()
-        out[rows.flat_rows] = kernel(
-            q[rows.flat_rows],
-            k_cache,
-            v_cache,
-            rows.block_tables,
-            rows.query_start_loc,
-            rows.seq_lens,
-            scale,
-            meta.block_size,
+        tables, starts, lens = rows.block_tables, rows.query_start_loc, rows.seq_lens
+        q_rows = q[rows.flat_rows]
+        out[rows.flat_rows] = _kernel(
+            q_rows, k_cache, v_cache, tables, starts, lens, scale, meta.block_size
         )
     return out
+
+
+def _kernel(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    block_size: int,
+) -> torch.Tensor:
+    """The CPU kernel over these sequences (q's heads made contiguous if they are not)."""
+    kernel = paged_attention_kernel()
+    assert kernel is not None
+    heads_contiguous = q.stride(2) == 1 and q.stride(1) == q.shape[2]
+    q = q if heads_contiguous else q.contiguous()
+    return kernel(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, block_size)

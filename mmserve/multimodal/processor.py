@@ -266,16 +266,16 @@ class InputProcessor:
         merged = self.image_kwargs(mm_kwargs)
         preparer = self.preparers.get(merged)
         raw = preparer.read(source)
-        pixels: DecodedPixels | None = None
+        decoded: DecodedPixels | None = None
         if isinstance(raw, Image.Image):  # keyed by its content hash, which preparing reuses
-            pixels = preparer.decoded_pixels(raw)
+            decoded = preparer.decoded_pixels(raw)
             mode = "multi|" if multi_image else ""
-            key = f"{cache_salt or ''}|{mode}px:{pixels.mm_hash}"
+            key = f"{cache_salt or ''}|{mode}px:{decoded.mm_hash}"
         else:
             key = memo_key(raw, cache_salt, merged, multi_image)
         prepared = self.memo.get(key)
         if prepared is None:
-            prepared = preparer.prepare(raw if pixels is None else pixels, multi_image)
+            prepared = preparer.prepare(raw if decoded is None else decoded, multi_image)
             self.memo.put(key, prepared)
         return prepared
 
