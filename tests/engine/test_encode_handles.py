@@ -111,6 +111,23 @@ def test_a_chat_that_sends_an_image_with_a_uuid_lets_the_next_name_it_by_uuid(ll
     assert_no_leaks(llm)
 
 
+def test_a_uuid_named_in_the_same_batch_as_its_image_is_served_and_encoded_once(llm):
+    """Offline, one ``chat`` call: the first conversation sends the image with its ``uuid``,
+    the second names only the ``uuid``. Both are admitted before any step encodes, so the
+    second borrows the first's pixels (the same item key: encoded once, then shared) instead
+    of failing as "expired"."""
+    url = data_url(6)
+    bare = {"type": "image_url", "uuid": "photo-6"}
+    before = encoded(llm)
+    sent, named = llm.chat(
+        [chat_of(image_part(url, uuid="photo-6")), chat_of(bare)], GREEDY, False, cache_salt="b"
+    )
+    assert encoded(llm) - before == 1
+    assert named.outputs[0].token_ids == sent.outputs[0].token_ids
+    assert named.prompt_token_ids == sent.prompt_token_ids
+    assert_no_leaks(llm)
+
+
 @pytest.mark.parametrize(
     "url, message",
     [
@@ -130,6 +147,18 @@ def test_evicted_handle_asks_for_the_image_again():
     llm.encode([image_part(data_url(6))])  # evicts the first
     with pytest.raises(MediaHandleError, match="send the image again") as info:
         llm.chat(chat_of(image_part(f"mmserve://{first['handle']}")), GREEDY, False)
+    assert info.value.code == "media_handle_expired"
+    assert_no_leaks(llm)
+
+
+def test_a_uuid_whose_image_is_done_and_evicted_asks_for_it_again():
+    """The lent pixels live only as long as the prompt that sent them: once it is done and
+    its embedding evicted, naming the uuid is "expired", not a hidden copy of the image."""
+    llm = LLM("tiny-llava", encoder_cache_size=300)  # room for one image (no store)
+    llm.chat(chat_of(image_part(data_url(8), uuid="photo-8")), GREEDY, False)
+    llm.chat(chat_of(image_part(data_url(9))), GREEDY, False)  # evicts the first
+    with pytest.raises(MediaHandleError, match="send the image again") as info:
+        llm.chat(chat_of({"type": "image_url", "uuid": "photo-8"}), GREEDY, False)
     assert info.value.code == "media_handle_expired"
     assert_no_leaks(llm)
 

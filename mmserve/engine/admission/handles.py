@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -62,8 +63,11 @@ class HandleBook:
       reaches the engine;
     - records of encode-ahead are written only after their embeddings were computed or found
       (``register``); a chat that sends an image with a ``uuid`` registers it once admitted,
-      before its step encodes it: a prompt naming that uuid meanwhile finds no embedding and
-      gets the "expired" answer (send the image again), never a wrong one.
+      before its step encodes it, and lends its items (pixels included) while they live: a
+      prompt naming that uuid meanwhile finds no embedding and takes the lent item's pixels,
+      as if it had sent the image (the same key: encoded once, shared through the encoder
+      cache). Once no admitted prompt or request holds the items (they are weakly kept), such
+      a prompt gets the "expired" answer (send the image again), never a wrong one.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class HandleBook:
         self.lookup_timeout_s = max(store_timeout_s, MIN_LOOKUP_S)
         self._local: OrderedDict[str, HandleRecord] = OrderedDict()
         self._aliases: OrderedDict[str, str] = OrderedDict()
+        self._lent: weakref.WeakValueDictionary[str, MultiModalItem] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
     # ---- making handles ------------------------------------------------------------------
@@ -133,11 +138,25 @@ class HandleBook:
         named = [i for i, uuid in enumerate(uuids) if uuid is not None]
         return (self.prepared(prompt), named) if named else (prompt, [])
 
-    def register_named(self, prompt: PromptInput, named: Sequence[int]) -> None:
+    def register_named(
+        self,
+        prompt: PromptInput,
+        named: Sequence[int],
+        processed: ProcessedPrompt | None = None,
+    ) -> None:
         """Register images ``named`` of an admitted prompt (``named`` gave both) under their
-        uuids, before any step encodes them (see the class' invariants)."""
-        if named:
-            self.register([self.record(prompt, i) for i in named], prompt, named)
+        uuids, before any step encodes them, and lend ``processed``'s items of those images
+        (see the class' invariants)."""
+        if not named:
+            return
+        records = [self.record(prompt, i) for i in named]
+        self.register(records, prompt, named)
+        if processed is not None:
+            handles = {record.handle for record in records}
+            with self._lock:
+                for item in processed.mm_items:
+                    if not item.by_handle and handle_of(item.hash) in handles:
+                        self._lent[item.key] = item
 
     def prepared(self, prompt: PromptInput) -> PromptInput:
         """``prompt`` with every image (and video) decoded and prepared (``PreparedImage``, a
@@ -197,11 +216,14 @@ class HandleBook:
                 items[idx] = dataclasses.replace(item, by_handle=True)
         found: dict[str, Future] = {}
         missing: list[MultiModalItem] = []
-        for item in items:
+        for idx, item in enumerate(items):
             if item.by_handle and item.key not in found:
                 tensor = self.cached_embedding(item.key)
+                lent = None if tensor is not None else self._lent_item(item.key)
                 if tensor is not None:
                     found[item.key] = resolved(tensor)
+                elif lent is not None:  # not encoded yet: as if the image had been sent
+                    items[idx] = dataclasses.replace(item, data=lent.data, by_handle=False)
                 else:
                     missing.append(item)
         lookup = self.store.lookup(missing) if self.store is not None and missing else None
@@ -219,6 +241,10 @@ class HandleBook:
         return found
 
     # ---- internals -----------------------------------------------------------------------
+    def _lent_item(self, key: str) -> MultiModalItem | None:
+        with self._lock:
+            return self._lent.get(key)
+
     @property
     def _model(self) -> str:
         return self.processor.model_config.model

@@ -83,7 +83,7 @@ class RequestIntake:
         )
         found = self.handles.embeddings(processed, handles) | supply_embeds(processed, embeds)
         self.start_store_lookup(processed, found)
-        self.handles.register_named(prompt, named)  # admitted: later prompts may name them
+        self.handles.register_named(prompt, named, processed)  # later prompts may name them
         return processed
 
     def process_all(self, prompts: Sequence[PromptInput], threads: int) -> list[ProcessedPrompt]:
