@@ -195,3 +195,29 @@ def test_bad_options_are_one_line_errors(flag: list[str], capsys: pytest.Capture
         build_parser().parse_args(flag)
     assert exit_.value.code == 2
     assert flag[0] in capsys.readouterr().err
+
+
+def test_smolvlm_images_are_capped_at_two_tiles_a_side_for_every_engine(tmp_path: Path) -> None:
+    """SmolVLM's processor resizes every image to a 4-tile longest edge (2,048 pixels: a
+    448x448 image is 17 tiles); the benches cap it at 2 tiles a side (1,024: 5 tiles) for
+    every engine alike, as vLLM's examples pass ``size`` in ``mm_processor_kwargs``."""
+    from mmserve import LLM, SamplingParams
+    from mmserve.bench.lib.runners import processor_kwargs_for
+    from tests.support.images import make_image
+
+    cap = {"size": {"longest_edge": 128}}  # tiny-smolvlm: 64-pixel tiles, 192-pixel images
+    assert processor_kwargs_for("tiny-smolvlm", None) == cap
+    assert processor_kwargs_for("tiny-llava", None) == {}
+    argv = ["--models", "tiny-smolvlm", *TINY]
+    profile = profile_of(build_parser().parse_args(argv), "float32")
+    payload = vllm_payload(profile, "tiny-smolvlm", ImageDir(tmp_path, profile.resolution))
+    assert payload["engine_args"]["mm_processor_kwargs"] == cap
+    prompt = "<|im_start|>User:<image>What?<end_of_utterance>\nAssistant:"
+    image_tokens = []
+    for kwargs in (None, cap):
+        llm = LLM("tiny-smolvlm", mm_processor_kwargs=kwargs)
+        inputs = {"prompt": prompt, "multi_modal_data": {"image": make_image(3, (160, 120))}}
+        [out] = llm.generate(inputs, SamplingParams(max_tokens=1))
+        image_id = llm.engine.tokenizer.convert_tokens_to_ids("<image>")
+        image_tokens.append(out.prompt_token_ids.count(image_id))
+    assert image_tokens == [(3 * 3 + 1) * 16, (2 * 2 + 1) * 16]  # 16 embeddings a tile

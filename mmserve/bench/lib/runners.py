@@ -17,10 +17,12 @@ from mmserve.bench.lib.reference import QWEN_VL, HFReference
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages, render_chat
 from mmserve.models.tiny import resolve_model_path
+from mmserve.multimodal.image.idefics3 import IDEFICS3_ARCHITECTURES
 
 # Qwen2-VL at its released limit gives a 720p image 1196 embeddings: 8 turns would not fit the
 # tiny presets' 8192 positions. Benchmarks cap it at 640 merged patches per image by default.
 QWEN_BENCH_MAX_PIXELS = 28 * 28 * 640
+SMOLVLM_BENCH_TILES = 2  # tiles a side at most (``smolvlm_size_cap``)
 
 
 @dataclass
@@ -54,10 +56,27 @@ def model_max_len(model: str) -> int:
 
 
 def processor_kwargs_for(model: str, max_pixels: int | None) -> dict[str, Any]:
-    """Processor kwargs every engine of a comparison uses (Qwen2/2.5-VL: a pixel cap)."""
-    if architecture(model) not in QWEN_VL:
+    """Processor kwargs every engine of a comparison uses (Qwen2/2.5-VL: a pixel cap;
+    SmolVLM: a tile cap)."""
+    arch = architecture(model)
+    if arch in QWEN_VL:
+        return {"max_pixels": max_pixels or QWEN_BENCH_MAX_PIXELS}
+    if arch in IDEFICS3_ARCHITECTURES:
+        return smolvlm_size_cap(model)
+    return {}
+
+
+def smolvlm_size_cap(model: str) -> dict[str, Any]:
+    """SmolVLM resizes every image so its longest edge is the processor's ``size`` (2,048
+    pixels on the hub: a 448x448 image becomes 16 tiles of 512 plus the whole image, 1,140
+    prompt tokens and about 50 s a request on 2 CPU cores). Benchmarks cap the edge at
+    ``SMOLVLM_BENCH_TILES`` tiles (5 tiles: 4 and the whole image), as vLLM's SmolVLM examples
+    pass ``size`` in ``mm_processor_kwargs``; a processor that asks for less is left as is."""
+    config = json.loads((resolve_model_path(model) / "preprocessor_config.json").read_text())
+    cap = SMOLVLM_BENCH_TILES * int(config["max_image_size"]["longest_edge"])
+    if int(config["size"]["longest_edge"]) <= cap:
         return {}
-    return {"max_pixels": max_pixels or QWEN_BENCH_MAX_PIXELS}
+    return {"size": {"longest_edge": cap}}
 
 
 class MmserveRunner:
