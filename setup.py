@@ -41,7 +41,7 @@ HEADERS = [
     "mmserve/kernels/csrc/ops.h",
     "mmserve/kernels/csrc/paged_attention_kernels.h",
     "mmserve/kernels/csrc/paged_attention_launch.h",
-    "mmserve/kernels/csrc/vec16.h",
+    "mmserve/kernels/csrc/simd.h",
 ]
 # -g0: no debug info (Python's CFLAGS ask for -g): a third less compile time, a 60x smaller .so
 # -O2: at -O3 the prefill tiles compiled 3x longer and ran no faster; the decode loops, which

@@ -1,10 +1,10 @@
-// Inner loops of the paged attention kernel (see paged_attention.cpp), on vec16.h's vectors: one
+// Inner loops of the paged attention kernel (see paged_attention.cpp), on simd.h's vectors: one
 // prefill tile (scores and softmax vectorized across query rows), one decode. Templated on the
 // element type T of q, the caches and out (float, c10::BFloat16, c10::Half): K/V are widened to
 // float as they are loaded, every score, softmax and accumulator is float, out is rounded once.
 #pragma once
 
-#include "vec16.h"
+#include "simd.h"
 
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
