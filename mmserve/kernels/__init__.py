@@ -43,6 +43,7 @@ class KernelOps:
         self.small_batch_linear_max_rows = int(ops.small_batch_linear_max_rows())
         self.bf16_weight_linear: Callable[..., torch.Tensor] = ops.bf16_weight_linear.default
         self.bf16_weight_pack: Callable[..., int] = ops.bf16_weight_pack.default
+        self.bf16_weight_unpack: Callable[..., None] = ops.bf16_weight_unpack.default
         self.bf16_weight_tile_rows = int(ops.bf16_weight_tile_rows())
         self.head_dims = tuple(int(d) for d in ops.supported_head_dims())
         self.dtypes = tuple(getattr(torch, name) for name in ops.supported_dtypes())

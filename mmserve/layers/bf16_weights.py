@@ -10,6 +10,13 @@ model (``benchmarks/bf16_weight_linear.py``, 2 AVX2 threads) the kernel ran 1.8-
 packed float32 product at 1 row and 1.3-2.9x at 8, and within 10 % of it either way from 90
 rows up.
 
+From ``UNPACK_ROWS`` rows up (a vision tower's patches, a long prefill chunk) oneDNN's float32
+product outruns the kernel: a call then widens the weight for itself (``bf16_weight_unpack``,
+transposed) and runs ``addmm`` on it. On SmolVLM-256M's vision tower (5,120 patches, 768 wide;
+2 AVX2 threads) the kernel ran at 111-139 GFLOP/s inside the engine against oneDNN's 160-165;
+widening the weight costs about what 50 rows of the product do. A weight whose float32 form
+exceeds ``UNPACK_BYTES`` stays on the kernel (no call allocates more than that).
+
 ``MMSERVE_BF16_WEIGHTS=0`` turns this off (every float32 weight is then packed for oneDNN,
 ``linear.py``).
 """
@@ -21,6 +28,8 @@ import torch
 from mmserve.kernels import cpu_ops
 
 BF16_WEIGHTS_ENV_VAR = "MMSERVE_BF16_WEIGHTS"
+UNPACK_ROWS = 1024  # rows from which a call widens the weight for oneDNN
+UNPACK_BYTES = 256 << 20  # the largest widened weight a call allocates
 
 
 def pack_bf16_exact(weight: torch.Tensor) -> torch.Tensor | None:
@@ -47,5 +56,13 @@ def bf16_linear(
         return x.new_empty(*x.shape[:-1], n)
     ops = cpu_ops()
     assert ops is not None
-    out = ops.bf16_weight_linear(x.reshape(-1, x.shape[-1]), packed, bias, n)
+    flat = x.reshape(-1, x.shape[-1])
+    tiles, k, tile = packed.shape
+    if flat.shape[0] >= UNPACK_ROWS and tiles * tile * k * 4 <= UNPACK_BYTES:
+        widened = torch.empty(k, tiles * tile)
+        ops.bf16_weight_unpack(packed, widened)
+        weight_t = widened[:, :n]
+        out = torch.mm(flat, weight_t) if bias is None else torch.addmm(bias, flat, weight_t)
+    else:
+        out = ops.bf16_weight_linear(flat, packed, bias, n)
     return out.reshape(*x.shape[:-1], n)

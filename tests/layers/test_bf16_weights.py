@@ -205,3 +205,52 @@ def test_a_prompt_prefilled_in_chunks_is_token_identical_too(ops, bf16_valued_ll
     assert list(out.outputs[0].token_ids) == Reference(str(bf16_valued_llava)).greedy(
         prompt, image, 8
     )
+
+
+@pytest.mark.parametrize("variant", ["this CPU's", "every built"])
+def test_unpacking_gives_the_weight_back_transposed(ops, variant) -> None:
+    """``bf16_weight_unpack`` widens the tiles into float32 [in, tiles x tile]: the weight
+    transposed, the last tile's padding rows as zero columns."""
+    for one in [ops] if variant == "this CPU's" else built_variants():
+        tile = one.bf16_weight_tile_rows
+        weight = torch.randn(70, 33).bfloat16().float()
+        packed = torch.empty(-(-70 // tile), 33, tile, dtype=torch.bfloat16)
+        assert one.bf16_weight_pack(weight, packed) == 0
+        out = torch.full((33, packed.shape[0] * tile), float("nan"))
+        one.bf16_weight_unpack(packed, out)
+        assert torch.equal(out[:, :70], weight.t())
+        assert not out[:, 70:].any()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_many_rows_go_to_onednn_on_the_weight_widened_for_the_call(ops, bias, monkeypatch) -> None:
+    """From ``UNPACK_ROWS`` rows (a vision tower's patches, a long prefill chunk) oneDNN's
+    float32 product outruns the kernel: the call widens the weight (transposed) and runs
+    ``addmm`` on it; fewer rows, or a weight over ``UNPACK_BYTES`` in float32, stay on the
+    kernel. Every path gives ``F.linear``'s products."""
+    from mmserve.layers import bf16_weights
+    from mmserve.layers.bf16_weights import UNPACK_ROWS, bf16_linear
+
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(70, 96, generator=gen).bfloat16().float()
+    b = torch.randn(70, generator=gen) if bias else None
+    packed = pack_bf16_exact(weight)
+    assert packed is not None
+    calls: list[str] = []
+    for name in ("bf16_weight_linear", "bf16_weight_unpack"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(
+            ops, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1]
+        )
+    x = torch.randn(2, UNPACK_ROWS // 2, 96, generator=gen)
+    for rows, big_weight, path in [
+        (UNPACK_ROWS // 2, False, "bf16_weight_unpack"),
+        (UNPACK_ROWS // 2 - 1, False, "bf16_weight_linear"),
+        (UNPACK_ROWS // 2, True, "bf16_weight_linear"),
+    ]:
+        calls.clear()
+        limit = packed.numel() * 4 - 1 if big_weight else bf16_weights.UNPACK_BYTES
+        monkeypatch.setattr(bf16_weights, "UNPACK_BYTES", limit)
+        out = bf16_linear(x[:, :rows], packed, b, 70)
+        assert calls == [path]
+        torch.testing.assert_close(out, F.linear(x[:, :rows], weight, b), rtol=1e-5, atol=1e-5)

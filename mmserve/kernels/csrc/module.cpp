@@ -40,6 +40,8 @@ STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
   m.def("bf16_weight_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   // a float32 weight's bfloat16 bits into tiles; how many values were not bfloat16 values
   m.def("bf16_weight_pack(Tensor weight, Tensor(a!) out) -> int");
+  // the tiles widened back to float32 and transposed: [in, tiles x tile]
+  m.def("bf16_weight_unpack(Tensor packed, Tensor(a!) out) -> ()");
   m.def("bf16_weight_tile_rows() -> int");
 }
 
@@ -51,6 +53,7 @@ STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
   m.impl("small_batch_linear", TORCH_BOX(&small_batch_linear));
   m.impl("bf16_weight_linear", TORCH_BOX(&bf16_weight_linear));
   m.impl("bf16_weight_pack", TORCH_BOX(&bf16_weight_pack));
+  m.impl("bf16_weight_unpack", TORCH_BOX(&bf16_weight_unpack));
 }
 
 // the ops without a tensor argument, which no device key dispatches

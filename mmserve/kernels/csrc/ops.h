@@ -91,4 +91,5 @@ Tensor small_batch_linear(const Tensor& x, const Tensor& weight,
 Tensor bf16_weight_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
                           int64_t n);
 int64_t bf16_weight_pack(const Tensor& weight, const Tensor& out);
+void bf16_weight_unpack(const Tensor& packed, const Tensor& out);
 int64_t bf16_weight_tile_rows();
