@@ -20,9 +20,9 @@ import pytest
 import torch
 from PIL import Image
 
+from mmserve.entrypoints.listen_port import free_port
 from tests.support.images import make_image
 from tests.support.references import Reference
-from tests.support.server import free_port
 
 if TYPE_CHECKING:
     from mmserve.entrypoints.openai.server import RunningServer

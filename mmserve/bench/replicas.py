@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from mmserve.bench.lib.servers import free_port
+    from mmserve.entrypoints.listen_port import free_port
 
     configs = [(int(n), p) for n, p in (c.split(":") for c in args.configs.split(","))]
     most = max(n for n, _ in configs)

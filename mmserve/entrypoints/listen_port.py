@@ -40,3 +40,14 @@ def check_listen_port(host: str, port: int, local_ray: bool) -> None:
                 problem = f"--host {host} --port {port}: cannot listen ({exc.strerror})"
     if problem:
         raise ValueError(problem)
+
+
+def free_port() -> int:
+    """A loopback port free now, never the one a local Ray's agent takes when it starts (a
+    CI run drew it, and the Ray test's own cluster took it from Serve's proxy)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port != RAY_AGENT_PORT:
+            return port

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import free_port, image_messages, wait_until_healthy
+from mmserve.entrypoints.listen_port import free_port
+from tests.support.server import image_messages, wait_until_healthy
 
 pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
 

@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray Serve tests need the mmserve[ray] extra")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
 
-from mmserve.bench.lib.servers import free_port  # noqa: E402
+from mmserve.entrypoints.listen_port import free_port  # noqa: E402
 from mmserve.entrypoints.openai.server import RunningServer  # noqa: E402
 from mmserve.entrypoints.ray.app import (  # noqa: E402
     app_builder,

@@ -107,7 +107,7 @@ def ray_app(module_redis_server) -> Iterator[str]:
     the tiny model sharing the module's Redis."""
     ray = pytest.importorskip("ray", reason="Ray Serve tests need the mmserve[ray] extra")
     serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the mmserve[ray] extra")
-    from mmserve.bench.lib.servers import free_port
+    from mmserve.entrypoints.listen_port import free_port
     from mmserve.entrypoints.ray.app import build_app, namespace_from_config
 
     settings = {"model": MODEL, "replicas": 2, "max_num_seqs": 8, "media_workers": 0}

@@ -152,7 +152,7 @@ def test_a_dead_holder_never_blocks_the_waiter_takes_over_after_expiry(redis_ser
 
 
 def test_redis_unavailable_encodes_locally_without_errors(images):
-    from mmserve.bench.lib.servers import free_port
+    from mmserve.entrypoints.listen_port import free_port
 
     plain = plain_answer(images[0])
     engine = replica(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.support.server import free_port
+from mmserve.entrypoints.listen_port import free_port
 
 
 @dataclass

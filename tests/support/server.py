@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
 import subprocess
 import time
 from typing import TYPE_CHECKING
@@ -14,22 +13,10 @@ from typing import TYPE_CHECKING
 import httpx
 from openai import OpenAI
 
-from mmserve.entrypoints.listen_port import RAY_AGENT_PORT
 from tests.support.images import make_image
 
 if TYPE_CHECKING:
     from mmserve.entrypoints.openai.server import RunningServer
-
-
-def free_port() -> int:
-    """A loopback port free now, never the one a local Ray's agent takes when it starts (a
-    CI run drew it, and the Ray test's own cluster took it from Serve's proxy)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port != RAY_AGENT_PORT:
-            return port
 
 
 def wait_until_healthy(proc: subprocess.Popen, url: str, timeout: float = 90.0) -> None:

@@ -18,7 +18,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,16 +29,11 @@ import httpx
 
 from mmserve.bench.lib.runners import model_max_len
 from mmserve.bench.lib.vllm_baseline import WORKER, engine_args
+from mmserve.entrypoints.listen_port import free_port
 from mmserve.models.tiny import resolve_model_path
 
 ENGINES = ("mmserve", "vllm")
 MMSERVE_ROOT = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

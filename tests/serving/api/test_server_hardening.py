@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from mmserve.cli import build_parser
+from mmserve.entrypoints.listen_port import free_port
 from mmserve.entrypoints.openai.completions import serving
 from mmserve.entrypoints.openai.server import RunningServer, serve_in_thread
 from tests.serving.api.test_server import png_url, scrape, wait_idle
-from tests.support.server import free_port
 
 API_KEY = "hardening-key"
 MODEL = "tiny-llava"

@@ -21,8 +21,7 @@ import pytest
 
 from mmserve.cli import build_parser
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints.listen_port import RAY_AGENT_PORT, check_listen_port
-from tests.support.server import free_port
+from mmserve.entrypoints.listen_port import RAY_AGENT_PORT, check_listen_port, free_port
 
 REDIS = "redis://127.0.0.1:1"  # nothing listens: the checks must not need a connection
 SECRET = "a-secret-of-at-least-16-bytes"

@@ -14,11 +14,12 @@ import httpx
 import pytest
 
 from mmserve.cli import build_parser
+from mmserve.entrypoints.listen_port import free_port
 from mmserve.entrypoints.openai.cli_args import validate_serve_flags
 from mmserve.entrypoints.openai.server import serve_in_thread
 from mmserve.models.tiny import resolve_model_path
 from tests.support.fake_hub import FakeHub, checkpoint_files, dead_endpoint, hub_env, use_hub
-from tests.support.server import free_port, wait_until_healthy
+from tests.support.server import wait_until_healthy
 
 SERVE = ["serve", "org/tiny", "--max-num-seqs", "1", "--media-workers", "0", "--skip-server-warmup"]
 SERVE += ["--uvicorn-log-level", "warning"]

@@ -14,7 +14,8 @@ import time
 
 import httpx
 
-from tests.support.server import free_port, wait_until_healthy
+from mmserve.entrypoints.listen_port import free_port
+from tests.support.server import wait_until_healthy
 
 CLI = [sys.executable, "-m", "mmserve.cli"]
 SHUTDOWN_TIMEOUT_S = 2.0
