@@ -3,6 +3,8 @@
 // docs/devices.md). Registered as torch ops in module.cpp.
 #pragma once
 
+#include "simd.h"
+
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 
@@ -71,16 +73,6 @@ Tensor add_rms_norm(const Tensor& residual, const Tensor& delta, const Tensor& w
                     double eps);
 
 void rotary_embedding(const Tensor& x, int64_t heads, const Tensor& cos, const Tensor& sin);
-
-// The CPU's native float lanes per vector register (not vec16.h's 16 lanes: on AVX2 a 16-lane
-// accumulator lives in memory, and each FMA would wait on a store).
-#if defined(__AVX512F__)
-constexpr int NATIVE_FLOAT_LANES = 16;
-#elif defined(__AVX__)
-constexpr int NATIVE_FLOAT_LANES = 8;
-#else
-constexpr int NATIVE_FLOAT_LANES = 4;
-#endif
 
 // The most rows of x small_batch_linear takes (a decode step's tokens).
 constexpr int64_t SMALL_BATCH_LINEAR_MAX_ROWS = 8;

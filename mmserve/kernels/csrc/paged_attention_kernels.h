@@ -25,11 +25,10 @@ using namespace mmserve_simd;
 #define MMSERVE_DECODE_INSTANCE(D, T) \
   void attend_decode<D, T>(const Args<T>&, const WorkItem&, int, Scratch<D>&);
 
-constexpr int KC = 16;        // keys per chunk
-static_assert(KC == L, "a key chunk is one vector of scores");
+constexpr int KC = L;         // keys per chunk: one vector of scores
 constexpr int TILE_ROWS = 32; // query rows (positions x heads of a kv group) per prefill item
 constexpr int RB = 4;         // rows per register block in P @ V
-constexpr int TG = 8;         // keys per register block in Q @ K^T
+constexpr int TG = KC < 8 ? KC : 8;  // keys per register block in Q @ K^T
 constexpr float EXP_FLOOR = -87.3f;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
@@ -59,21 +58,21 @@ struct WorkItem {
 };
 
 // exp(x) for softmax arguments (x <= 0): Cephes' expf polynomial, about 1 ulp.
-inline v16f exp16(v16f x) {
+inline vf vexp(vf x) {
   x = x < EXP_FLOOR ? splat(EXP_FLOOR) : x;
-  const v16f t = x * 1.44269504088896341f + 0.5f;
-  v16f fx = __builtin_convertvector(__builtin_convertvector(t, v16i), v16f);
+  const vf t = x * 1.44269504088896341f + 0.5f;
+  vf fx = __builtin_convertvector(__builtin_convertvector(t, vi), vf);
   fx = fx > t ? fx - 1.0f : fx;  // floor (truncation rounds negatives up)
-  const v16f r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  v16f y = splat(1.9875691500e-4f);
+  const vf r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  vf y = splat(1.9875691500e-4f);
   y = y * r + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
   y = y * r + 4.1665795894e-2f;
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
-  const v16i bits = (__builtin_convertvector(fx, v16i) + 127) << 23;
-  return y * (v16f)bits;  // same-size vector cast: a bit cast
+  const vi bits = (__builtin_convertvector(fx, vi) + 127) << 23;
+  return y * (vf)bits;  // same-size vector cast: a bit cast
 }
 
 template <typename T>
@@ -104,23 +103,36 @@ inline void gather_pointers(const Args<T>& a, const int32_t* table, int kv_head,
   }
 }
 
-// acc[r] += sum_t p[t * t_stride + r * r_stride] * V[t] for the R rows [r0, r0 + R).
+// The largest divisor of n not above limit (1 at least).
+constexpr int divisor_at_most(int n, int limit) {
+  for (int d = limit < n ? limit : n; d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+// acc[r] += sum_t p[t * t_stride + r * r_stride] * V[t] for the R rows [r0, r0 + R), JB vectors
+// of the head dim at a time: R x JB accumulators and JB values of V fit the vector registers
+// (16 below AVX-512, 32 with it), so none is kept on the stack.
 template <int D, typename T, int R>
 inline void accumulate_rows(const KeyChunk<T>& c, const float* p, int t_stride, int r_stride,
                             float* acc, int r0) {
-  v16f o[R][D / L];
-  for (int rr = 0; rr < R; ++rr)
-    for (int j = 0; j < D / L; ++j) o[rr][j] = load(acc + (r0 + rr) * D + j * L);
-  for (int t = 0; t < c.n; ++t) {
-    v16f vv[D / L];
-    for (int j = 0; j < D / L; ++j) vv[j] = load(c.v[t] + j * L);
-    for (int rr = 0; rr < R; ++rr) {
-      const float pr = p[t * t_stride + (r0 + rr) * r_stride];
-      for (int j = 0; j < D / L; ++j) o[rr][j] += pr * vv[j];
+  constexpr int J = D / L;
+  constexpr int JB = divisor_at_most(J, (L == 16 ? 28 : 13) / (R + 1));
+  for (int j0 = 0; j0 < J; j0 += JB) {
+    vf o[R][JB];
+    for (int rr = 0; rr < R; ++rr)
+      for (int j = 0; j < JB; ++j) o[rr][j] = load(acc + (r0 + rr) * D + (j0 + j) * L);
+    for (int t = 0; t < c.n; ++t) {
+      vf vv[JB];
+      for (int j = 0; j < JB; ++j) vv[j] = load(c.v[t] + (j0 + j) * L);
+      for (int rr = 0; rr < R; ++rr) {
+        const vf pr = splat(p[t * t_stride + (r0 + rr) * r_stride]);
+        for (int j = 0; j < JB; ++j) o[rr][j] += pr * vv[j];
+      }
     }
+    for (int rr = 0; rr < R; ++rr)
+      for (int j = 0; j < JB; ++j) store(acc + (r0 + rr) * D + (j0 + j) * L, o[rr][j]);
   }
-  for (int rr = 0; rr < R; ++rr)
-    for (int j = 0; j < D / L; ++j) store(acc + (r0 + rr) * D + j * L, o[rr][j]);
 }
 
 // The same for rows [0, rows): blocks of RB rows, then the rest in one smaller block (a decode
@@ -175,7 +187,7 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) 
   const int first_pos = a.seq_lens[w.seq] - q_len + w.q_begin;
   std::fill(s.qt, s.qt + D * TILE_ROWS, 0.f);
   std::fill(s.acc, s.acc + D * TILE_ROWS, 0.f);
-  v16i pos[V];
+  vi pos[V];
   for (int r = 0; r < TILE_ROWS; ++r) {
     pos[r / L][r % L] = r < rows ? first_pos + r / group : -1;
     if (r >= rows) continue;
@@ -183,17 +195,17 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) 
         a.q + (row0 + r / group) * a.q_row_stride + (w.kv_head * group + r % group) * D;
     for (int d = 0; d < D; ++d) s.qt[d * TILE_ROWS + r] = to_float(src[d]) * a.scale;
   }
-  v16f m[V], l[V];
-  for (int j = 0; j < V; ++j) m[j] = splat(NEG_INF), l[j] = v16f{};
+  vf m[V], l[V];
+  for (int j = 0; j < V; ++j) m[j] = splat(NEG_INF), l[j] = vf{};
   const int32_t* table = a.block_tables + w.seq * a.max_blocks;
   const int n_keys = first_pos + nq;
   KeyChunk<T> c;
   for (int k0 = 0; k0 < n_keys; k0 += KC) {
     gather_pointers<D, T>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
     for (int t0 = 0; t0 < KC; t0 += TG) {
-      v16f sc[TG][V] = {};
+      vf sc[TG][V] = {};
       for (int d = 0; d < D; ++d) {
-        v16f qv[V];
+        vf qv[V];
         for (int j = 0; j < V; ++j) qv[j] = load(s.qt + d * TILE_ROWS + j * L);
         for (int t = 0; t < TG; ++t) {
           const float kv = to_float(c.k[t0 + t][d]);
@@ -204,21 +216,21 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) 
         for (int j = 0; j < V; ++j) store(s.p + (t0 + t) * TILE_ROWS + j * L, sc[t][j]);
     }
     for (int j = 0; j < V; ++j) {
-      v16f mx = splat(NEG_INF);
+      vf mx = splat(NEG_INF);
       for (int t = 0; t < c.n; ++t) {
-        const v16f x = load(s.p + t * TILE_ROWS + j * L);
+        const vf x = load(s.p + t * TILE_ROWS + j * L);
         mx = (k0 + t <= pos[j]) & (x > mx) ? x : mx;
       }
-      const v16f m_new = mx > m[j] ? mx : m[j];
-      const v16f corr = m_new == NEG_INF ? splat(1.f) : exp16(m[j] - m_new);
-      v16f sum{};
+      const vf m_new = mx > m[j] ? mx : m[j];
+      const vf corr = m_new == NEG_INF ? splat(1.f) : vexp(m[j] - m_new);
+      vf sum{};
       for (int t = 0; t < KC; ++t) {
         float* pt = s.p + t * TILE_ROWS + j * L;
         if (t >= c.n) {
-          store(pt, v16f{});
+          store(pt, vf{});
           continue;
         }
-        const v16f e = k0 + t <= pos[j] ? exp16(load(pt) - m_new) : v16f{};
+        const vf e = k0 + t <= pos[j] ? vexp(load(pt) - m_new) : vf{};
         store(pt, e);
         sum += e;
       }
