@@ -1,6 +1,6 @@
 """Which attention path a step takes with the CPU kernel selected: the kernel for steps whose
 every sequence has one query row (decode), the torch path's batched SDPA for any step with a
-longer query (a prefill chunk), where the kernel is 9-18x slower (``flat_batch.py``)."""
+longer query (a prefill chunk; ``AttentionMetadata`` says why)."""
 
 from __future__ import annotations
 
