@@ -10,7 +10,7 @@
 //
 // Work is split into items (sequence, kv head, and for prefills a tile of positions: up to 32
 // query rows, all query heads of the kv head's group together), binned across threads by
-// estimated cost. Each item runs an online softmax over 16-key chunks (flash-attention style)
+// estimated cost. Each item runs an online softmax over chunks of L keys (simd.h; flash-attention style)
 // with float32 accumulators; prefill tiles vectorize scores and softmax across query rows,
 // decodes take one dot product per key.
 #include "ops.h"
