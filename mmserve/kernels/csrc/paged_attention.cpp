@@ -10,9 +10,9 @@
 //
 // Work is split into items (sequence, kv head, and for prefills a tile of positions: up to 32
 // query rows, all query heads of the kv head's group together), binned across threads by
-// estimated cost. Each item runs an online softmax over chunks of L keys (simd.h; flash-attention style)
-// with float32 accumulators; prefill tiles vectorize scores and softmax across query rows,
-// decodes take one dot product per key.
+// estimated cost. Each item runs an online softmax over chunks of L keys (one vector of
+// simd.h; flash-attention style) with float32 accumulators; prefill tiles vectorize scores and
+// softmax across query rows, decodes take one dot product per key.
 #include "ops.h"
 #include "paged_attention_launch.h"
 
