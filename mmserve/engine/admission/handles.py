@@ -37,6 +37,15 @@ CachedEmbedding = Callable[[str], "torch.Tensor | None"]
 Future = concurrent.futures.Future
 
 
+def mark_by_handle(processed: ProcessedPrompt, used: set[str]) -> None:
+    """Mark the prompt's items of the ``used`` handles ``by_handle``: they have no pixels and
+    are never encoded (``MultiModalItem``)."""
+    items = processed.mm_items
+    for idx, item in enumerate(items):
+        if handle_of(item.hash) in used:
+            items[idx] = dataclasses.replace(item, by_handle=True)
+
+
 def resolved(tensor: torch.Tensor) -> Future[torch.Tensor | None]:
     """``tensor`` as a resolved future, the shape a store lookup's hits take."""
     fut: Future[torch.Tensor | None] = Future()
@@ -67,7 +76,8 @@ class HandleBook:
       prompt naming that uuid meanwhile finds no embedding and takes the lent item's pixels,
       as if it had sent the image (the same key: encoded once, shared through the encoder
       cache). Once no admitted prompt or request holds the items (they are weakly kept), such
-      a prompt gets the "expired" answer (send the image again), never a wrong one.
+      a prompt gets the "expired" answer (send the image again), never a wrong one. The Ray
+      ingress lends nothing (its prompts are encoded on a replica, which holds no lent item).
     """
 
     def __init__(
@@ -210,10 +220,8 @@ class HandleBook:
         found nowhere. Blocking (store reads): never on the event loop or the engine thread."""
         if not used:
             return {}
+        mark_by_handle(processed, used)
         items = processed.mm_items
-        for idx, item in enumerate(items):
-            if handle_of(item.hash) in used:
-                items[idx] = dataclasses.replace(item, by_handle=True)
         found: dict[str, Future] = {}
         missing: list[MultiModalItem] = []
         for idx, item in enumerate(items):

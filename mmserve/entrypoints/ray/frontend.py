@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from mmserve.engine.admission.grammar import GrammarCompiler
-from mmserve.engine.admission.handles import HandleBook
+from mmserve.engine.admission.handles import HandleBook, mark_by_handle
 from mmserve.engine.admission.prompt_limits import checked_prompt
 from mmserve.engine.setup.loading import create_engine_config, torch_dtype
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
 from mmserve.inputs import ProcessedPrompt, PromptInput
-from mmserve.multimodal.handles import MediaHandleError, handle_of, is_handle
+from mmserve.multimodal.handles import MediaHandleError, is_handle
 from mmserve.multimodal.media.policy import MediaFetchPolicy
 from mmserve.sampling_params import SamplingParams
 from mmserve.store.factory import open_shared_store
@@ -94,12 +93,9 @@ class FrontendEngine:
             self.encoder_cache_capacity,
             self.encoder_budget,
         )
-        items = processed.mm_items
-        for i, item in enumerate(items):  # as ``HandleBook.embeddings`` marks them
-            if handle_of(item.hash) in used:
-                items[i] = dataclasses.replace(item, by_handle=True)
+        mark_by_handle(processed, used)  # as ``HandleBook.embeddings`` does on the replica
         if self.handles is not None:  # admitted: later chats may name them, through any ingress
-            self.handles.register_named(prompt, named)
+            self.handles.register_named(prompt, named)  # lends nothing: replicas encode
         return processed
 
     def default_sampling_params(self) -> SamplingParams:
