@@ -118,6 +118,13 @@ def test_the_kernel_refuses_what_it_does_not_take(ops) -> None:
         ops.bf16_weight_linear(torch.zeros(1, 8), packed, None, 16 + 2 * packed.shape[2])
     with pytest.raises(RuntimeError, match="bias"):
         ops.bf16_weight_linear(torch.zeros(1, 8), packed, torch.zeros(3), 16)
+    width = packed.shape[0] * packed.shape[2]
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous float32 CPU tensor \[8, "):
+        ops.bf16_weight_unpack(packed, torch.zeros(8, width - 1))
+    with pytest.raises(RuntimeError, match="out must be"):
+        ops.bf16_weight_unpack(packed, torch.zeros(width, 8).t())  # not contiguous
+    with pytest.raises(RuntimeError, match="packed must be"):
+        ops.bf16_weight_unpack(packed.float(), torch.zeros(8, width))
 
 
 class Model(nn.Module):
