@@ -13,7 +13,7 @@ rows up.
 From ``UNPACK_ROWS`` rows up (a vision tower's patches, a long prefill chunk) oneDNN's float32
 product outruns the kernel: a call then widens the weight for itself (``bf16_weight_unpack``,
 transposed) and runs ``addmm`` on it. On SmolVLM-256M's vision tower (5,120 patches, 768 wide;
-2 AVX2 threads) the kernel ran at 111-139 GFLOP/s inside the engine against oneDNN's 160-165;
+2 AVX2 threads) the kernel ran at 111-139 GFLOP/s inside the engine, oneDNN at 160-165 alone;
 widening the weight costs about what 50 rows of the product do. A weight whose float32 form
 exceeds ``UNPACK_BYTES`` stays on the kernel (no call allocates more than that).
 
