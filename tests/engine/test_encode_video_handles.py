@@ -112,7 +112,7 @@ def test_a_video_record_round_trips_without_its_pixels():
     llm = LLM("tiny-qwen2-vl")
     prompt_parts = [video_part(video_url(8))]
     [item] = llm.encode(prompt_parts)
-    record = llm.engine.handles._local[item["handle"]]
+    record = llm.engine.handles.kept._local[item["handle"]]
     assert record.kind == "video" and record.item == item
     again = HandleRecord.from_bytes(record.to_bytes())
     assert again.kind == "video" and again.item == item

@@ -23,7 +23,7 @@ def encoder_output(llm: LLM, url: str) -> tuple[torch.Tensor, object]:
     [item] = llm.encode([image_part(url)], cache_salt="encoder")
     embedding = llm.engine._host_embedding(f"{item['handle']}:{item['tokens']}")
     assert embedding is not None
-    data = llm.engine.handles._local[item["handle"]].image.data
+    data = llm.engine.handles.kept._local[item["handle"]].image.data
     grid = data.get("image_grid_thw") if isinstance(data, dict) else None
     return embedding.clone(), grid
 

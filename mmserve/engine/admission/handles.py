@@ -6,17 +6,24 @@ import concurrent.futures
 import dataclasses
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import torch
 
+from mmserve.engine.admission.handle_errors import (
+    check_kind,
+    check_mode,
+    expired,
+    mismatched,
+    unknown_handle,
+    unknown_uuid,
+)
+from mmserve.engine.admission.handle_records import HandleRecords
 from mmserve.inputs import MultiModalItem, ProcessedPrompt, PromptInput
 from mmserve.multimodal.handles import (
     VIDEO_CLASSES,
     HandleRecord,
     MediaHandle,
-    MediaHandleError,
     MediaKind,
     as_handle,
     handle_of,
@@ -28,9 +35,7 @@ from mmserve.multimodal.image.memo import PreparedImage
 from mmserve.multimodal.processor import InputProcessor
 from mmserve.multimodal.request_kwargs import canonical
 from mmserve.store import EncoderStore
-from mmserve.store.records import StoreRecords
 
-MAX_RECORDS = 1 << 16  # in-process records kept (LRU); the store tiers keep theirs
 MIN_LOOKUP_S = 1.0  # a handle's embedding is not optional: wait at least this for the store
 
 CachedEmbedding = Callable[[str], "torch.Tensor | None"]
@@ -55,7 +60,7 @@ def resolved(tensor: torch.Tensor) -> Future[torch.Tensor | None]:
 
 class HandleBook:
     """Handle -> ``HandleRecord`` (and tenant-scoped uuid -> handle), in process and in the
-    encoder store's tiers.
+    encoder store's tiers (kept by ``HandleRecords``).
 
     Invariants:
     - a handle resolves only for the tenant that made it: the record's image must give exactly
@@ -89,11 +94,9 @@ class HandleBook:
     ) -> None:
         self.processor = processor
         self.store = store
-        self.records = StoreRecords(store) if store is not None else None
+        self.kept = HandleRecords(store)
         self.cached_embedding = cached_embedding
         self.lookup_timeout_s = max(store_timeout_s, MIN_LOOKUP_S)
-        self._local: OrderedDict[str, HandleRecord] = OrderedDict()
-        self._aliases: OrderedDict[str, str] = OrderedDict()
         self._lent: weakref.WeakValueDictionary[str, MultiModalItem] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
@@ -129,16 +132,10 @@ class HandleBook:
         records come first, then the videos', which have no uuid)."""
         for k, record in enumerate(records):
             i = indexes[k] if indexes is not None else k
-            self._remember(self._local, record.handle, record)
-            if self.records is not None:
-                self.records.put(f"handle:{record.handle}", record.to_bytes())
             named = prompt.uuids is not None and record.kind == "image"
             uuid = prompt.uuids[i] if prompt.uuids is not None and named else None
-            if uuid is not None:
-                alias = uuid_alias(uuid, prompt.cache_salt)
-                self._remember(self._aliases, alias, record.handle)
-                if self.records is not None:
-                    self.records.put(f"uuid:{alias}", record.handle.encode())
+            alias = uuid_alias(uuid, prompt.cache_salt) if uuid is not None else None
+            self.kept.keep(record, alias)
 
     def named(self, prompt: PromptInput) -> tuple[PromptInput, list[int]]:
         """``prompt`` with its images prepared when any image sent with data has a ``uuid``
@@ -201,7 +198,7 @@ class HandleBook:
         for i, source in enumerate(images):
             if is_handle(source):
                 record = self._find(as_handle(source), prompt, "image")
-                self._check_mode(record, multi_image, len(images))
+                check_mode(record, multi_image, len(images))
                 images[i] = record.image
                 used.add(record.handle)
         for i, source in enumerate(videos):
@@ -240,12 +237,7 @@ class HandleBook:
             found.update((key, resolved(tensor)) for key, tensor in lookup.hits().items())
         gone = [item for item in missing if item.key not in found]
         if gone:
-            handle, kind = handle_of(gone[0].hash), gone[0].modality
-            raise MediaHandleError(
-                f"media handle {handle} has expired: its embedding is no longer cached; send"
-                f" the {kind} again (or encode it again with /v1/mm/encode)",
-                "media_handle_expired",
-            )
+            raise expired(gone[0])
         return found
 
     # ---- internals -----------------------------------------------------------------------
@@ -277,65 +269,13 @@ class HandleBook:
         if handle is None:
             assert ref.uuid is not None
             alias = uuid_alias(ref.uuid, salt)
-            handle = self._aliases.get(alias) or self._stored_alias(alias)
+            handle = self.kept.aliased(alias)
             if handle is None:
-                raise MediaHandleError(
-                    f"image uuid {ref.uuid!r} names no image this server has for this model and"
-                    " cache_salt (or it has expired); send the image with it again",
-                    "media_handle_not_found",
-                )
-        record = self._local.get(handle) or self._stored_record(handle)
+                raise unknown_uuid(ref.uuid)
+        record = self.kept.find(handle)
         if record is None or record.handle != handle or not self._owned(record, salt):
-            raise MediaHandleError(
-                f"media handle {handle} is unknown to this model for this cache_salt (or has"
-                f" expired); send the {kind} again",
-                "media_handle_not_found",
-            )
-        if record.kind != kind:
-            named = {"image": "an image", "video": "a video"}
-            raise MediaHandleError(
-                f"media handle {handle} is {named[record.kind]}, not {named[kind]}: name it in"
-                f" {named[record.kind]}_url part (or send the {kind} itself)",
-                "media_handle_kind",
-            )
+            raise unknown_handle(handle, kind)
+        check_kind(record, kind)
         if record.model != self._model or record.settings != self._settings(prompt, kind):
-            raise MediaHandleError(
-                f"media handle {handle} was encoded by model {record.model!r} with other {kind}"
-                f" settings (mm_processor_kwargs) than this request's; send the {kind} again",
-                "media_handle_mismatch",
-            )
+            raise mismatched(record, kind)
         return record
-
-    def _check_mode(self, record: HandleRecord, multi_image: bool, count: int) -> None:
-        if record.image.multi_image != multi_image:
-            alone = "with other images" if record.image.multi_image else "alone"
-            raise MediaHandleError(
-                f"media handle {record.handle} was encoded {alone}, and this model prepares the"
-                f" images of a prompt with {count} image(s) differently: encode this prompt's"
-                " images together in one /v1/mm/encode request, or send them again",
-                "media_handle_mode",
-            )
-
-    def _stored_record(self, handle: str) -> HandleRecord | None:
-        blob = self.records.get(f"handle:{handle}") if self.records is not None else None
-        if blob is None:
-            return None
-        try:
-            record = HandleRecord.from_bytes(blob)
-        except (ValueError, KeyError, TypeError):
-            return None
-        if record.handle != handle:
-            return None
-        self._remember(self._local, handle, record)
-        return record
-
-    def _stored_alias(self, alias: str) -> str | None:
-        blob = self.records.get(f"uuid:{alias}") if self.records is not None else None
-        return None if blob is None else blob.decode(errors="replace")
-
-    def _remember(self, table: OrderedDict, key: str, value: object) -> None:
-        with self._lock:
-            table[key] = value
-            table.move_to_end(key)
-            while len(table) > MAX_RECORDS:
-                table.popitem(last=False)

@@ -41,7 +41,7 @@ def encoder_output(server: RunningServer, http: httpx.Client, model: str) -> tup
     engine = server.engine.engine
     embedding = engine._host_embedding(f"{item['handle']}:{item['tokens']}")
     assert embedding is not None
-    data = engine.handles._local[item["handle"]].image.data
+    data = engine.handles.kept._local[item["handle"]].image.data
     grid = data.get("image_grid_thw") if isinstance(data, dict) else None
     return embedding.clone(), None if grid is None else torch.as_tensor(grid).reshape(1, 3)
 

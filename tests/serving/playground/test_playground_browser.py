@@ -219,7 +219,7 @@ def test_a_lost_handle_is_answered_by_sending_the_bytes(browser, open_server, tm
     browser.find_element(By.ID, "new-chat").click()
     attach_and_wait_cached(browser, path)
     handles = open_server.engine.engine.handles
-    handles._local.clear()  # as if another replica had made it and the store had lost it
+    handles.kept._local.clear()  # as if another replica had made it and the store had lost it
     answered = send(browser, "Still there?")
     assert not answered["error"], answered["text"]
     assert answered["sources"] in (["encoder_cache"], ["encoded"])
