@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mmserve import LLM, SamplingParams
-from mmserve.engine.front.async_engine import AsyncLLMEngine, EngineStepError
+from mmserve.engine.errors import EngineStepError
+from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.inputs import PromptInput
 from tests.support.engine import assert_no_leaks
@@ -339,7 +340,7 @@ def test_max_model_len_beyond_the_kv_cache_is_refused():
 
 
 def test_a_fatal_error_in_the_server_engine_makes_health_fail(abc, monkeypatch):
-    from mmserve.engine.front.async_engine import EngineShutdownError
+    from mmserve.engine.errors import EngineShutdownError
 
     a, _, _ = abc
     llm_engine = LLMEngine.from_args("tiny-llava")

@@ -13,12 +13,8 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from mmserve.engine.front.async_engine import (
-    AsyncLLMEngine,
-    EngineOverloadedError,
-    EngineShutdownError,
-    EngineStepError,
-)
+from mmserve.engine.errors import EngineOverloadedError, EngineShutdownError, EngineStepError
+from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.engine.metrics.prometheus import ServerMetrics
 from mmserve.engine.outputs import RequestOutput
