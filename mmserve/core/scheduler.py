@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Iterator
 
 from mmserve.core.encoder_cache import EncoderCacheManager
 from mmserve.core.encoder_scheduling import (
@@ -23,9 +23,9 @@ from mmserve.core.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
+from mmserve.core.request_queues import RequestQueues
 from mmserve.core.step_budget import StepBudget
 from mmserve.core.step_journal import RequestCommit, StepJournal
-from mmserve.core.worker_view import WorkerView
 from mmserve.request import Request, RequestStatus
 
 
@@ -37,12 +37,12 @@ class SchedulingError(RuntimeError):
         self.request = request
 
 
-class Scheduler:
+class Scheduler(RequestQueues):
     """Decides, each step, which tokens of which requests run and which images get encoded.
 
     Invariants:
-    - a live request is in exactly one of ``waiting`` (FCFS, preempted ones first) or
-      ``running`` (admission order); ``len(running) <= max_num_seqs``;
+    - ``waiting`` is FCFS (preempted ones first) and ``running`` in admission order (a live
+      request is in exactly one: ``RequestQueues``); ``len(running) <= max_num_seqs``;
     - per step: scheduled tokens <= max_num_batched_tokens, every scheduled count is >= 1 (a
       request that cannot progress is left out, never given 0 or a negative count), encoder
       work <= the encoder compute budget (``StepBudget``), and an item key is encoded or
@@ -76,60 +76,16 @@ class Scheduler:
         encoder_compute_budget: int,
         disable_chunked_mm_input: bool = False,
     ) -> None:
-        self.kv = kv_manager
-        self.encoder_cache = encoder_cache
+        super().__init__(kv_manager, encoder_cache)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.encoder_compute_budget = encoder_compute_budget
         self.disable_chunked_mm_input = disable_chunked_mm_input
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
-        self.worker = WorkerView()
         self._journal = StepJournal()
         self._budget = StepBudget(max_num_batched_tokens, encoder_compute_budget)
         self.counters: Counter[str] = Counter()
-        self.on_finish: Callable[[Request], None] | None = None  # told of each request's end
 
-    # ---- request lifecycle -------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        if request.req_id in self.requests:
-            raise ValueError(f"request id {request.req_id!r} is already in use")
-        self.requests[request.req_id] = request
-        self.kv.update_block_hashes(request)
-        self.waiting.append(request)
-
-    def finish_requests(self, req_ids: list[str], status: RequestStatus) -> None:
-        for req_id in req_ids:
-            request = self.requests.get(req_id)
-            if request is not None:
-                self._finish(request, status)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
-    def head(self) -> Request | None:
-        """The request the scheduler serves first: the oldest running, else the next waiting."""
-        if self.running:
-            return self.running[0]
-        return self.waiting[0] if self.waiting else None
-
-    def _release_resources(self, request: Request) -> None:
-        self.kv.free(request)
-        self.encoder_cache.release_all(request.req_id, [item.key for item in request.mm_items])
-
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        if request.status == RequestStatus.RUNNING:
-            self.running.remove(request)
-        else:
-            self.waiting.remove(request)
-        self._release_resources(request)
-        self.worker.ended(request.req_id)
-        request.status = status
-        del self.requests[request.req_id]
-        if self.on_finish is not None:
-            self.on_finish(request)
-
+    # ---- preemption --------------------------------------------------------------------
     def _preempt(self, request: Request) -> None:
         self._journal.forget(request)
         self._release_resources(request)
