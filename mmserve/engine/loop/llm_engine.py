@@ -15,7 +15,7 @@ from mmserve.engine.admission.handles import HandleBook
 from mmserve.engine.admission.intake import RequestIntake
 from mmserve.engine.errors import EngineDeadError
 from mmserve.engine.loop.encode_ahead import encode_ahead
-from mmserve.engine.loop.stall import default_stall_steps, stall_message
+from mmserve.engine.loop.stall import default_stall_steps, fail_if_stalled
 from mmserve.engine.loop.step_isolation import IsolatingStepper, StepResult
 from mmserve.engine.loop.warmup import WarmupReport, run_warmup_request
 from mmserve.engine.metrics.engine_metrics import read_engine_metrics
@@ -25,11 +25,7 @@ from mmserve.engine.output.output_processor import OutputProcessor
 from mmserve.engine.outputs import RequestOutput
 from mmserve.engine.setup.cache_setup import allocate_kv_cache, build_scheduler, size_caches
 from mmserve.engine.setup.graph_setup import build_decode_graphs, usable_graph_config
-from mmserve.engine.setup.loading import (
-    create_engine_config,
-    load_model,
-    torch_dtype,
-)
+from mmserve.engine.setup.loading import create_engine_config, load_model, torch_dtype
 from mmserve.engine.setup.malloc_tuning import tune_malloc
 from mmserve.engine.setup.model_front import ModelFront
 from mmserve.engine_args import EngineArgs
@@ -260,7 +256,7 @@ class LLMEngine:
         result = self._schedule_and_execute()
         outputs = [self.outputs.make_output(request) for request in result.updated]
         outputs += [self.outputs.error_output(request, why) for request, why in result.failed]
-        outputs += self._fail_if_stalled(result, sum(out.finished for out in outputs))
+        outputs += fail_if_stalled(self, result, sum(out.finished for out in outputs))
         merged, orphans = self.fanout.merge(outputs)
         if orphans:  # siblings of a child that failed: the parent has ended
             self.abort_request(orphans)
@@ -281,18 +277,6 @@ class LLMEngine:
         if not result.ran and self.scheduler.held_for_store and self.store is not None:
             self.store.waits.wait_for_change(STORE_WAIT_IDLE_S)
         return result
-
-    def _fail_if_stalled(self, result: StepResult, num_finished: int) -> list[RequestOutput]:
-        """The one stall policy (``ProgressMonitor``): fail the request first in line."""
-        held = self.scheduler.held_for_store > 0  # waiting on the store: bounded in time
-        if not self.progress.record(result.ran, num_finished, len(self.scheduler.requests), held):
-            return []
-        stuck = self.scheduler.head()
-        if stuck is None:
-            return []
-        self.scheduler.finish_requests([stuck.req_id], RequestStatus.FINISHED_ERROR)
-        why = stall_message(stuck, self.config, self.scheduler, self.progress.limit)
-        return [self.outputs.error_output(stuck, why)]
 
     def close(self) -> None:
         """Finish the encoder store's queued writes and stop its threads (if there is one)."""
