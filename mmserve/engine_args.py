@@ -1,4 +1,5 @@
-"""``EngineArgs``: every engine setting declared once (name, type, default, help).
+"""``EngineArgs``: every engine setting declared once (name, type, default, help); the model's
+own come first, from its base ``model_args.ModelArgs``.
 
 ``LLM(**kwargs)`` / ``LLMEngine.from_args`` take these names as keyword arguments, the ``serve``
 and ``generate`` commands get one flag per field from ``add_cli_args`` (vLLM's pattern), and
@@ -14,27 +15,13 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-from mmserve.arg_fields import add_field_flags, arg_field, env_arg_field
-from mmserve.arg_types import (
-    human_readable_int,
-    human_readable_int_or_auto,
-    parse_bytes,
-    parse_json_object,
-    parse_mm_limits,
-)
-from mmserve.config import (
-    ATTENTION_BACKENDS,
-    CacheConfig,
-    EncoderStoreConfig,
-    GiB,
-    SchedulerConfig,
-    check_device_syntax,
-)
+from mmserve.arg_fields import add_field_flags, arg_field
+from mmserve.arg_types import human_readable_int, parse_bytes, parse_json_object, parse_mm_limits
+from mmserve.config import CacheConfig, EncoderStoreConfig, GiB, SchedulerConfig
+from mmserve.model_args import ModelArgs
 
 __all__ = ["EngineArgs", "parse_bytes", "parse_json_object", "parse_mm_limits"]
 
-DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's --dtype values
-DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 HASH_ALGOS = ("xxh3_128", "sha256")
 KWARG_ALIASES = {  # vLLM's LLM(...) names
     "kv_cache_memory_bytes": "kv_cache_memory",
@@ -43,60 +30,9 @@ KWARG_ALIASES = {  # vLLM's LLM(...) names
 
 
 @dataclass
-class EngineArgs:
+class EngineArgs(ModelArgs):
     """Engine settings. Unset (None) fields are autotuned from the model and the others."""
 
-    model: str = arg_field(
-        "tiny-llava", "preset name, HF checkpoint dir or hub model ID (ORG/NAME)"
-    )
-    revision: str | None = arg_field(
-        None, "hub model IDs: the branch, tag or commit to download (None: the repository's"
-        " default branch; a private or gated repository needs $HF_TOKEN)",
-    )  # fmt: skip
-    download_dir: str | None = arg_field(
-        None, "hub model IDs: the cache directory to download into and load from (None:"
-        " huggingface_hub's cache, $HF_HUB_CACHE or $HF_HOME/hub; with $HF_HUB_OFFLINE=1 only"
-        " the cache is read)", metavar="DIR",
-    )  # fmt: skip
-    dtype: str = env_arg_field(
-        "MMSERVE_DTYPE", "auto", "weights / activations: 'auto' is on CPU the checkpoint's half"
-        " dtype where the CPU runs it natively (bfloat16: AVX-512 BF16 or AMX; float16:"
-        " AVX-512 FP16 or AMX-FP16), else float32, and on CUDA the checkpoint's half dtype,"
-        " else bfloat16; the start-up log says which; half = float16, float = float32",
-        choices=DTYPES,
-    )  # fmt: skip
-    seed: int = arg_field(0, "engine seed (sampling without a per-request seed)")
-    device: str = env_arg_field(
-        "MMSERVE_DEVICE", "auto", "auto (CUDA when torch sees a GPU, else CPU), cpu, cuda or"
-        " cuda:N", metavar="auto|cpu|cuda[:N]",
-    )  # fmt: skip
-    attention_backend: str = arg_field(
-        "auto",
-        "LM attention: 'cpu-kernel' (compiled, reads the paged KV cache in place; CPU float32),"
-        " 'torch' (gather + SDPA, any device/dtype), 'flex' (torch flex_attention over the paged"
-        " cache, no gathered copies; compiled on CUDA), 'auto' (the kernel where it applies,"
-        " else torch)",
-        choices=ATTENTION_BACKENDS,
-    )
-    max_model_len: int | None = arg_field(
-        None, "context length, e.g. 4096, 4k (4000), 4K (4096); auto or -1: the model config's",
-        type=human_readable_int_or_auto,
-    )  # fmt: skip
-    processor_kwargs: dict[str, Any] | None = arg_field(
-        None, "HF image processor overrides as JSON, e.g. '{\"max_pixels\": 401408}'"
-        " (vLLM's --mm-processor-kwargs)",
-        type=parse_json_object, aliases=("--mm-processor-kwargs",),
-    )  # fmt: skip
-    chat_template: str | None = arg_field(
-        None, "chat template file or template text (default: the checkpoint's chat_template.jinja,"
-        " chat_template.json, tokenizer or processor config)",
-        metavar="PATH|TEMPLATE",
-    )  # fmt: skip
-    generation_config: str = arg_field(
-        "auto", "sampling defaults: 'auto' (the checkpoint's generation_config.json), 'vllm'"
-        " (ignore it) or a directory holding a generation_config.json",
-        metavar="auto|vllm|DIR",
-    )  # fmt: skip
     block_size: int = arg_field(16, "tokens per KV cache block")
     num_kv_blocks: int | None = arg_field(
         None, "KV cache blocks (default: max_num_seqs full-length sequences, capped by"
@@ -195,10 +131,7 @@ class EngineArgs:
     def __post_init__(self) -> None:
         """Normalise vLLM's aliases and refuse what mmserve cannot honour, before anything
         loads (ValueError naming the setting)."""
-        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        check_device_syntax(self.device)
+        super().__post_init__()  # dtype and device (ModelArgs)
         if self.tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size (--tensor-parallel-size) must be 1: mmserve runs a model"
