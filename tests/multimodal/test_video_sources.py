@@ -17,7 +17,7 @@ import pytest
 from mmserve.cli import build_parser
 from mmserve.engine.admission.pipeline import AdmissionExecutors, AdmissionPipeline
 from mmserve.engine.loop.llm_engine import LLMEngine
-from mmserve.entrypoints.openai.cli_args import media_policy
+from mmserve.entrypoints.openai.serve_policies import media_policy
 from mmserve.inputs import ProcessedPrompt, PromptInput, VideoFrames
 from mmserve.multimodal.media.errors import MediaFetchError
 from mmserve.multimodal.media.fetch import MediaFetcher

@@ -1,5 +1,5 @@
 """``mmserve serve``: flags (vLLM's names), their checks and their mapping to
-``LLMEngine.from_args``.
+``LLMEngine.from_args`` (the server's policies they make: ``serve_policies``).
 
 Hooked into ``mmserve.cli.build_parser`` by ``add_serve_parser(sub, add_ray_flags)``, which
 launches too. Imports of torch / FastAPI / uvicorn happen only when the subcommand runs, so
@@ -11,16 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from mmserve.arg_types import parse_bytes
 from mmserve.engine.setup.chat_template_arg import load_chat_template_arg
 from mmserve.engine.setup.generation_defaults import check_generation_config
 from mmserve.engine_args import EngineArgs
-from mmserve.entrypoints.openai.http.limits import add_limit_flags, limits_from_args
-from mmserve.entrypoints.openai.http.policy import HTTPPolicy, ui_default
+from mmserve.entrypoints.openai.http.limits import add_limit_flags
 from mmserve.entrypoints.openai.hub_model import engine_model, resolve_hub_model
+from mmserve.entrypoints.openai.serve_policies import http_policy, media_policy
 from mmserve.entrypoints.openai.vllm_flags import add_vllm_flags
 
 DESCRIPTION = """\
@@ -226,38 +225,6 @@ class _ModelAction(argparse.Action):
             )
         setattr(namespace, mine, values)
         namespace.model = values
-
-
-def http_policy(args: argparse.Namespace) -> HTTPPolicy:
-    """Who may call the server, what one request may ask, and whether the page is served."""
-    return HTTPPolicy(
-        api_key=args.api_key,
-        public_metrics=args.public_metrics,
-        allowed_hosts=tuple(args.allowed_hosts or ()),
-        allowed_origins=tuple(args.allowed_origins or ()),
-        limits=limits_from_args(args),
-        ui=ui_default(args.host) if args.ui is None else args.ui,
-        mm_embeds=args.enable_mm_embeds,
-    )
-
-
-def media_policy(args: argparse.Namespace) -> Any:
-    """The ``MediaFetchPolicy`` of the media flags (ValueError naming a bad value)."""
-    from mmserve.multimodal.media.policy import MediaFetchPolicy
-
-    media = args.allowed_local_media_path
-    local = Path(media).expanduser().resolve() if media else None
-    if local is not None and not local.is_dir():
-        raise ValueError(f"--allowed-local-media-path {media!r} is not a directory")
-    domains = args.allowed_media_domains
-    return MediaFetchPolicy(
-        allowed_domains=frozenset(d.lower().rstrip(".") for d in domains) if domains else None,
-        allowed_networks=MediaFetchPolicy.parse_networks(args.allowed_media_networks or ()),
-        allowed_local_path=local,
-        total_timeout_s=args.media_fetch_timeout,
-        max_concurrent_fetches=args.max_concurrent_media_fetches,
-        **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),
-    )
 
 
 def check_server_flags(args: argparse.Namespace) -> None:

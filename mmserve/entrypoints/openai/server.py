@@ -26,12 +26,8 @@ from mmserve.engine.admission.pipeline import AdmissionExecutors
 from mmserve.engine.front.async_engine import AsyncLLMEngine
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.entrypoints.openai.app import build_app
-from mmserve.entrypoints.openai.cli_args import (
-    check_server_flags,
-    engine_args,
-    http_policy,
-    media_policy,
-)
+from mmserve.entrypoints.openai.cli_args import check_server_flags, engine_args
+from mmserve.entrypoints.openai.serve_policies import http_policy, media_policy
 from mmserve.multimodal.media.fetch import MediaFetcher
 from mmserve.multimodal.workers import MediaWorkers
 

@@ -22,10 +22,9 @@ from mmserve.entrypoints.openai.cli_args import (
     add_serve_parser,
     check_server_flags,
     engine_args,
-    http_policy,
-    media_policy,
     validate_serve_flags,
 )
+from mmserve.entrypoints.openai.serve_policies import http_policy, media_policy
 from mmserve.entrypoints.ray.flags import add_ray_flags, check_ray_flags
 from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.entrypoints.ray.replica import EngineReplica

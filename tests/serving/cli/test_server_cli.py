@@ -20,7 +20,8 @@ from mmserve.cli import build_parser
 from mmserve.engine.loop.llm_engine import LLMEngine
 from mmserve.engine_args import EngineArgs, parse_bytes
 from mmserve.entrypoints.listen_port import free_port
-from mmserve.entrypoints.openai.cli_args import engine_args, media_policy
+from mmserve.entrypoints.openai.cli_args import engine_args
+from mmserve.entrypoints.openai.serve_policies import media_policy
 from tests.support.server import wait_until_healthy
 
 CLI = [sys.executable, "-m", "mmserve.cli"]

@@ -11,8 +11,8 @@ import pytest
 
 from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.app import build_app
-from mmserve.entrypoints.openai.cli_args import http_policy
 from mmserve.entrypoints.openai.http.policy import HTTPPolicy
+from mmserve.entrypoints.openai.serve_policies import http_policy
 from mmserve.entrypoints.openai.server import RunningServer
 
 KEY = "page-key"
