@@ -21,7 +21,7 @@ from mmserve.layers.attention_masks import ImageRanges
 from mmserve.layers.attention_static import StaticDecodePlan, static_decode_attention
 from mmserve.layers.attention_torch import (
     TorchAttentionPlan,
-    follows_earlier_keys,
+    is_decode_row,
     torch_paged_attention,
 )
 
@@ -41,13 +41,11 @@ class AttentionMetadata:
     the later keys of their own image (the scheduler never splits an image across steps).
     ``static_decode`` (decode steps at a fixed shape, ``worker.cuda_graphs``): every sequence
     has one query, and attention reads the plan's fixed key positions instead.
-    ``use_kernel``: every row goes to the CPU kernel (no sequence starts a prompt in the step);
-    ``kernel_continuations``: a step that starts some prompts sends the rows that follow
-    earlier keys (decodes, chunks after a cached prefix or an earlier chunk) to the kernel and
-    the starting chunks to the torch path's causal SDPA. The torch path gathers earlier keys
-    and runs a masked SDPA over all of them (2-3x the kernel's time at ~300-row chunks on
-    AVX2), while an unmasked causal SDPA over a chunk's own keys beats the kernel (~0.7x its
-    time).
+    ``use_kernel``: every row goes to the CPU kernel (a step of decodes only);
+    ``kernel_decodes``: a step with prefill chunks sends its decode rows (one query after
+    earlier keys) to the kernel and the rest to the torch path's SDPA. (The kernel was 7-18x
+    slower than SDPA at prefill shapes on AVX2 until its vectors took the CPU's width; now it
+    is faster in isolation, but an end-to-end gain from prefill rows on it is not measured.)
     """
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of each scheduled token
@@ -61,9 +59,9 @@ class AttentionMetadata:
     image_ranges: list[ImageRanges] | None = None
     use_flex: bool = False
     static_decode: StaticDecodePlan | None = None
-    kernel_continuations: bool = False
+    kernel_decodes: bool = False
     _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
-    _kernel_rows: KernelRows | None = field(default=None, repr=False)
+    _decode_rows: DecodeRows | None = field(default=None, repr=False)
     _flex_plan: FlexAttentionPlan | None = field(default=None, repr=False)
 
     def torch_plan(self) -> TorchAttentionPlan:
@@ -75,16 +73,15 @@ class AttentionMetadata:
                 self.seq_lens_host,
                 self.block_size,
                 self.image_ranges,
-                continuations=not self.kernel_continuations,
+                decodes=not self.kernel_decodes,
             )
         return self._torch_plan
 
-    def kernel_rows(self) -> KernelRows:
-        """The step's rows that follow earlier keys, as a batch of their own, built once for
-        every layer."""
-        if self._kernel_rows is None:
-            self._kernel_rows = KernelRows.build(self)
-        return self._kernel_rows
+    def decode_rows(self) -> DecodeRows:
+        """The step's decode rows as a batch of their own, built once for every layer."""
+        if self._decode_rows is None:
+            self._decode_rows = DecodeRows.build(self)
+        return self._decode_rows
 
     def flex_plan(self, num_slots: int) -> FlexAttentionPlan:
         """The flex backend's block mask for this step, built once and shared by every layer."""
@@ -101,33 +98,29 @@ class AttentionMetadata:
 
 
 @dataclass
-class KernelRows:
-    """The rows of a mixed step that follow earlier keys, as the kernel takes a batch: their
-    rows of the flat batch, and their sequences' block tables, query offsets and key counts."""
+class DecodeRows:
+    """The decode rows of a mixed step (one query after earlier keys), as the kernel takes a
+    batch: their rows of the flat batch, and their sequences' block tables and key counts."""
 
-    flat_rows: torch.Tensor  # [R] long
-    block_tables: torch.Tensor  # [S, max_blocks] int32
-    query_start_loc: torch.Tensor  # [S + 1] int32
-    seq_lens: torch.Tensor  # [S] int32
+    flat_rows: torch.Tensor  # [D] long
+    block_tables: torch.Tensor  # [D, max_blocks] int32
+    query_start_loc: torch.Tensor  # [D + 1] int32: 0, 1, ..., D
+    seq_lens: torch.Tensor  # [D] int32
 
     @classmethod
-    def build(cls, meta: AttentionMetadata) -> KernelRows:
-        sequences: list[int] = []
-        rows: list[torch.Tensor] = []
-        starts = [0]
-        offset = 0
+    def build(cls, meta: AttentionMetadata) -> DecodeRows:
+        sequences, flat_rows, offset = [], [], 0
         for b, (n, total) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=True)):
-            if follows_earlier_keys(n, total):
+            if is_decode_row(n, total):
                 sequences.append(b)
-                rows.append(torch.arange(offset, offset + n))
-                starts.append(starts[-1] + n)
+                flat_rows.append(offset)
             offset += n
         device = meta.block_tables.device
         picked = torch.tensor(sequences, dtype=torch.long, device=device)
         return cls(
-            torch.cat(rows).to(device),
+            torch.tensor(flat_rows, dtype=torch.long, device=device),
             meta.block_tables.index_select(0, picked),
-            torch.tensor(starts, dtype=torch.int32, device=device),
+            torch.arange(len(sequences) + 1, dtype=torch.int32, device=device),
             meta.seq_lens.index_select(0, picked),
         )
 
@@ -254,9 +247,9 @@ def paged_attention(
         return flex_paged_attention(k_cache, v_cache, q, meta.flex_plan(k_cache.shape[0]), scale)
     plan = meta.torch_plan()
     out = torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)
-    if meta.kernel_continuations:
+    if meta.kernel_decodes:
         assert sliding_window is None and meta.image_ranges is None
-        rows = meta.kernel_rows()
+        rows = meta.decode_rows()
         tables, starts, lens = rows.block_tables, rows.query_start_loc, rows.seq_lens
         q_rows = q[rows.flat_rows]
         out[rows.flat_rows] = _kernel(

@@ -15,14 +15,8 @@ from mmserve.layers.attention_masks import ImageRanges, decode_window, prefill_m
 
 def is_decode_row(query_len: int, seq_len: int) -> bool:
     """Whether a sequence's rows in a step are a decode: one query after earlier keys. Such rows
-    attend in one batched call (this path's padded SDPA)."""
+    attend in one batched call (this path's padded SDPA, or the CPU kernel)."""
     return query_len == 1 and seq_len > 1
-
-
-def follows_earlier_keys(query_len: int, seq_len: int) -> bool:
-    """Whether a sequence's rows in a step follow keys of earlier steps (a decode, a chunk after
-    a cached prefix or an earlier chunk): this path must gather those keys and mask them."""
-    return seq_len > query_len
 
 
 @dataclass
@@ -103,10 +97,10 @@ class TorchAttentionPlan:
         seq_lens: list[int],
         bs: int,
         image_ranges: list[ImageRanges] | None = None,
-        continuations: bool = True,
+        decodes: bool = True,
     ) -> TorchAttentionPlan:
-        """``continuations``: False leaves every sequence whose rows follow earlier keys out of
-        the plan, for the CPU kernel to attend (``AttentionMetadata.kernel_continuations``)."""
+        """``decodes``: False leaves the decode rows (one query after earlier keys) out of the
+        plan, for the CPU kernel to attend (``AttentionMetadata.kernel_decodes``)."""
         device = block_tables.device
         prefills: list[PrefillSegment] = []
         decode_idx: list[int] = []
@@ -114,13 +108,13 @@ class TorchAttentionPlan:
         decode_lens: list[int] = []
         offset = 0
         for row, (n, total) in enumerate(zip(query_lens, seq_lens, strict=True)):
-            if not continuations and follows_earlier_keys(n, total):
-                offset += n
-                continue
             pos = torch.arange(total, device=device)
             slots = block_tables[row, pos // bs] * bs + pos % bs
             start = total - n
             if is_decode_row(n, total):
+                if not decodes:
+                    offset += n
+                    continue
                 decode_idx.append(offset)
                 decode_slots.append(slots)
                 decode_lens.append(total)

@@ -23,7 +23,7 @@ import torch
 
 from mmserve.core.outputs import SchedulerOutput
 from mmserve.layers.attention import AttentionMetadata
-from mmserve.layers.attention_torch import follows_earlier_keys
+from mmserve.layers.attention_torch import is_decode_row
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.request_state import RequestState
 
@@ -107,8 +107,7 @@ class FlatBatchBuilder:
         slot_mapping = block_tables[row, pos // bs] * bs + pos % bs
         dev = self.device
         kernel = self.attention_backend == "cpu-kernel"
-        follows = list(map(follows_earlier_keys, query_lens, seq_lens))
-        all_kernel = kernel and (max(query_lens) == 1 or all(follows))
+        has_decodes = any(map(is_decode_row, query_lens, seq_lens))
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),
             query_start_loc=query_start_loc.to(dev, torch.int32),
@@ -117,8 +116,8 @@ class FlatBatchBuilder:
             block_size=bs,
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
-            use_kernel=all_kernel,
-            kernel_continuations=kernel and not all_kernel and any(follows),
+            use_kernel=kernel and max(query_lens) == 1,
+            kernel_decodes=kernel and max(query_lens) > 1 and has_decodes,
             use_flex=self.attention_backend == "flex",
             image_ranges=image_ranges,
         )
