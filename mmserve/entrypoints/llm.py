@@ -120,13 +120,13 @@ class LLM:
         processed = intake.process_all(inputs, torch.get_num_threads())  # validate all first
         intake.wait_for_store(processed)  # the lookups all started above
         order: dict[str, int] = {}
-        for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
-            text = inp.prompt if isinstance(inp.prompt, str) else None
-            req_id = intake.add_processed(proc, params, None, text, inp.cache_salt)
-            order[req_id] = len(order)
         results: list[RequestOutput | None] = [None] * len(inputs)
         bar = tqdm(total=len(inputs), disable=not use_tqdm, desc="generate")
-        try:
+        try:  # a prompt failing its parameters' check leaves none of the batch queued
+            for inp, proc, params in zip(inputs, processed, sampling_params, strict=True):
+                text = inp.prompt if isinstance(inp.prompt, str) else None
+                req_id = intake.add_processed(proc, params, None, text, inp.cache_salt)
+                order[req_id] = len(order)
             while any(r is None for r in results):
                 outs = self.engine.step()
                 for out in outs:

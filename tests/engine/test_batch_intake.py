@@ -117,3 +117,15 @@ def test_the_first_bad_prompt_in_order_is_raised_and_nothing_is_queued(llm) -> N
         llm.generate(batch, GREEDY, use_tqdm=False)
     assert llm.get_metrics()["num_requests_waiting"] == 0
     assert_no_leaks(llm)
+
+
+def test_bad_parameters_of_a_later_prompt_leave_no_earlier_prompt_queued(llm) -> None:
+    """The prompts are queued one by one: a later prompt's parameters failing their check
+    (``n`` above ``max_num_seqs``) took the batch down but left the earlier ones queued, to be
+    run by the next call with nobody reading their outputs."""
+    ok = SamplingParams(temperature=0, max_tokens=4)
+    bad = SamplingParams(temperature=0, max_tokens=4, n=10_000)
+    with pytest.raises(ValueError, match="n must be <= max_num_seqs"):
+        llm.generate([PROMPT.replace("<image>", ""), "Second prompt"], [ok, bad], use_tqdm=False)
+    assert llm.get_metrics()["num_requests_waiting"] == 0
+    assert_no_leaks(llm)
