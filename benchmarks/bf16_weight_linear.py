@@ -1,15 +1,18 @@
 """float32 products on bfloat16-valued weights: mmserve's packed-bfloat16 kernel
 (``mmserve/layers/bf16_weights.py``) against oneDNN's packed float32 weights (what float32
-linears run otherwise, ``mmserve/layers/linear.py``) and ``F.linear`` on the dense float32
+linears run otherwise, ``mmserve/layers/linear.py``), the kernel's own weight widened per call
+for ``torch.mm`` (its path from ``UNPACK_ROWS`` rows) and ``F.linear`` on the dense float32
 weight, at the row counts of decode steps and prefill chunks.
 
-The weights are one layer of the Qwen2-VL-2B shape's language model (fused q/k/v, o, fused
-gate/up, down) twice over (two layers, 0.37 GB in float32, so no cache holds them), random
-values rounded to bfloat16. The three paths alternate within each of ``--rounds`` rounds; the
-table gives each path's median (min-max) GFLOP/s and the weight bytes per second it read.
+The weights are one layer (``--layer``: by default the Qwen2-VL-2B shape's language model's
+fused q/k/v, o, fused gate/up and down, 0.37 GB in float32 for two, so no cache holds them; or
+a vision tower's) twice over, random values rounded to bfloat16. The paths alternate within
+each of ``--rounds`` rounds; the table gives each path's median (min-max) GFLOP/s and the
+weight bytes per second it read.
 Run as root on a quiet machine after ``echo -20 > /proc/self/autogroup``:
 
     python benchmarks/bf16_weight_linear.py --threads 2 --rounds 5
+    python benchmarks/bf16_weight_linear.py --rounds 7 --rows 1024,2048,4096 --layer qwen2-vl-2b-vit
 """
 
 from __future__ import annotations
@@ -23,9 +26,24 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mmserve.kernels import cpu_ops
 from mmserve.layers.bf16_weights import bf16_linear, pack_bf16_exact
 
-LAYER = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]  # (out, in) per linear
+LAYERS = {  # (out, in) per linear: fused q/k/v, o, fused gate/up (or fc1), down (or fc2)
+    "qwen2-vl-2b-lm": [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)],
+    "qwen2-vl-2b-vit": [(3840, 1280), (1280, 1280), (5120, 1280), (1280, 5120)],
+    "smolvlm-256m-vit": [(2304, 768), (768, 768), (3072, 768), (768, 3072)],
+}
+
+
+def widened_linear(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """What ``bf16_linear`` runs from ``UNPACK_ROWS`` rows: the weight widened, then ``mm``."""
+    ops = cpu_ops()
+    assert ops is not None
+    tiles, k, tile = packed.shape
+    widened = torch.empty(k, tiles * tile)
+    ops.bf16_weight_unpack(packed, widened)
+    return torch.mm(x, widened[:, :n])
 
 
 def timed(run: Callable[..., Any]) -> float:
@@ -39,9 +57,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows", default="1,2,4,8,16,32,90,266,1024")
+    parser.add_argument("--layer", choices=sorted(LAYERS), default="qwen2-vl-2b-lm")
     args = parser.parse_args()
+    layer = LAYERS[args.layer]
     torch.set_num_threads(args.threads)
-    weights = [torch.randn(n, k).bfloat16().float() for n, k in LAYER * 2]
+    weights = [torch.randn(n, k).bfloat16().float() for n, k in layer * 2]
     packed_bf16 = [pack_bf16_exact(w) for w in weights]
     assert all(p is not None for p in packed_bf16)
     packed_onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in weights]
@@ -50,12 +70,19 @@ def main() -> None:
     print("| rows | path | GFLOP/s | weight bytes read, GB/s |")
     print("|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
-        xs = {k: torch.randn(rows, k) for _, k in LAYER}
+        xs = {k: torch.randn(rows, k) for _, k in layer}
         flops = sum(2 * rows * w.numel() for w in weights)
         paths = {
             "bf16 kernel": (
                 lambda xs=xs: [
                     bf16_linear(xs[w.shape[1]], p, None, w.shape[0])  # type: ignore[arg-type]
+                    for w, p in zip(weights, packed_bf16, strict=True)
+                ],
+                float32_bytes // 2,
+            ),
+            "bf16 widened per call + oneDNN": (
+                lambda xs=xs: [
+                    widened_linear(xs[w.shape[1]], p, w.shape[0])
                     for w, p in zip(weights, packed_bf16, strict=True)
                 ],
                 float32_bytes // 2,

@@ -10,12 +10,15 @@ model (``benchmarks/bf16_weight_linear.py``, 2 AVX2 threads) the kernel ran 1.8-
 packed float32 product at 1 row and 1.3-2.9x at 8, and within 10 % of it either way from 90
 rows up.
 
-From ``UNPACK_ROWS`` rows up (a vision tower's patches, a long prefill chunk) oneDNN's float32
-product outruns the kernel: a call then widens the weight for itself (``bf16_weight_unpack``,
-transposed) and runs ``addmm`` on it. On SmolVLM-256M's vision tower (5,120 patches, 768 wide;
-2 AVX2 threads) the kernel ran at 111-139 GFLOP/s inside the engine, oneDNN at 160-165 alone;
-widening the weight costs about what 50 rows of the product do. A weight whose float32 form
-exceeds ``UNPACK_BYTES`` stays on the kernel (no call allocates more than that).
+From ``UNPACK_ROWS`` rows up (a vision tower's patches of several images or tiles) a call
+widens the weight for itself (``bf16_weight_unpack``, transposed) and runs oneDNN's ``addmm`` on
+it. Medians of 7 alternated rounds on 2 AVX2 threads, GFLOP/s, kernel vs widened + oneDNN
+(``benchmarks/bf16_weight_linear.py --rounds 7 --rows 1024,2048,4096 --layer L``), on the
+layers of Qwen2-VL-2B's language model, its vision tower and SmolVLM-256M's: at 1,024 rows
+132 / 125 / 122 vs 101 / 108 / 107; at 2,048 133 / 116 / 115 vs 115 / 115 / 118; at 4,096
+122 / 127 / 111 vs 123 / 141 / 108 (and SmolVLM's tower, 5,120 rows inside the engine: 111-139
+on the kernel, oneDNN 160-165 alone). A weight whose float32 form exceeds ``UNPACK_BYTES``
+stays on the kernel (no call allocates more than that).
 
 ``MMSERVE_BF16_WEIGHTS=0`` turns this off (every float32 weight is then packed for oneDNN,
 ``linear.py``).
@@ -28,7 +31,7 @@ import torch
 from mmserve.kernels import cpu_ops
 
 BF16_WEIGHTS_ENV_VAR = "MMSERVE_BF16_WEIGHTS"
-UNPACK_ROWS = 1024  # rows from which a call widens the weight for oneDNN
+UNPACK_ROWS = 3072  # rows from which a call widens the weight for oneDNN
 UNPACK_BYTES = 256 << 20  # the largest widened weight a call allocates
 
 
