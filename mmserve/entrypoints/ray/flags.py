@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 from typing import Any
 
 from mmserve.entrypoints.ray.rendezvous import DEFAULT_LOAD_FACTOR
+
+RAY_CONNECT_S = 5.0  # how long --ray-address's host:port may take to accept a connection
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -68,13 +71,33 @@ def add_ray_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_ray_flags(args: argparse.Namespace) -> None:
-    """ValueError naming the flag."""
+    """ValueError naming the flag (``--ray-address``: ``check_ray_address``)."""
     if args.replicas is not None and args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     if args.routing_load_factor < 1.0:
         raise ValueError(f"--routing-load-factor must be >= 1, got {args.routing_load_factor}")
     if args.replica_cpus <= 0:
         raise ValueError(f"--replica-cpus must be > 0, got {args.replica_cpus}")
+    if getattr(args, "ray_address", None):
+        check_ray_address(args.ray_address)
+
+
+def check_ray_address(address: str) -> None:
+    """ValueError naming ``--ray-address`` when it is ``host:port`` (or ``ray://host:port``)
+    and nothing there takes a connection within ``RAY_CONNECT_S``: ``ray.init`` retries such
+    an address for minutes. Other forms (``auto``) are left to Ray, whose refusal
+    ``launch.start_ray`` turns into the same kind of error."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), RAY_CONNECT_S).close()
+    except (OSError, OverflowError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ValueError(
+            f"--ray-address {address}: no Ray cluster answers there ({why}); start one with"
+            " `ray start --head`, or leave the flag out for a local one"
+        ) from None
 
 
 def wants_ray(args: argparse.Namespace) -> bool:

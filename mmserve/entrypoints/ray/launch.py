@@ -23,7 +23,11 @@ APP_NAME = "mmserve"
 def start_ray(args: argparse.Namespace) -> None:
     """Join ``--ray-address``, or start a local Ray sized for the replicas, on 127.0.0.1."""
     if args.ray_address:
-        ray.init(address=args.ray_address, include_dashboard=False)
+        try:
+            ray.init(address=args.ray_address, include_dashboard=False)
+        except ConnectionError as exc:  # e.g. auto with no cluster running here
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"--ray-address {args.ray_address}: {first}") from None
         return
     wanted = (args.replicas or 1) * args.replica_cpus
     ray.init(

@@ -191,3 +191,31 @@ def test_a_free_port_or_port_zero_passes(tmp_path: Path) -> None:
     check_listen_port("127.0.0.1", RAY_AGENT_PORT, local_ray=False)  # another Ray's business
     with pytest.raises(ValueError, match="--host"):
         check_listen_port("no-such-host.invalid", port, local_ray=False)
+
+
+def test_a_ray_address_nobody_answers_at_fails_before_ray_starts() -> None:
+    """On main Ray retried the address for minutes, printing a warning every few seconds (a
+    CLI run waited over 3 minutes without an answer)."""
+    port = free_port()  # nothing listens there
+    argvs = [
+        ["tiny-llava", "--replicas", "2", "--port", "0", "--ray-address", address]
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}")
+    ]
+    for result, argv in zip(run_cli(argvs), argvs, strict=True):
+        assert_one_line(result, f"--ray-address {argv[-1]}")
+        assert "no Ray cluster answers" in result[1], result
+
+
+def test_rays_own_refusal_of_an_address_is_one_error_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--ray-address auto`` with no cluster here: Ray's ConnectionError was a traceback."""
+    pytest.importorskip("ray.serve", reason="needs mmserve[ray]")
+    from mmserve.entrypoints.ray import launch
+
+    def refuse(**_: object) -> None:
+        raise ConnectionError("Could not find any running Ray instance.\nmore detail")
+
+    monkeypatch.setattr(launch.ray, "init", refuse)
+    args = build_parser().parse_args(["serve", "tiny-llava", "--replicas", "1"])
+    args.ray_address = "auto"
+    with pytest.raises(ValueError, match=r"^--ray-address auto: Could not find any running Ray"):
+        launch.start_ray(args)
