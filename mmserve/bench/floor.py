@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
+from mmserve.bench.lib.engines.meter import Meter
+from mmserve.bench.lib.engines.runners import processor_kwargs_for
 from mmserve.bench.lib.harness import is_contended
 from mmserve.bench.lib.images import RESOLUTIONS, synthetic_image
-from mmserve.bench.lib.meter import Meter
 from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 from mmserve.bench.lib.provenance import engine_versions, threads_info
 from mmserve.bench.lib.report import markdown_table, save
-from mmserve.bench.lib.runners import processor_kwargs_for
 from mmserve.bench.lib.workloads import Spec, reuse_specs
 
 
@@ -45,7 +45,7 @@ def count_request_flops(
     reference (see module doc)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mmserve.bench.lib.reference import HFReference
+    from mmserve.bench.lib.engines.reference import HFReference
     from mmserve.entrypoints.chat_utils import render_chat
 
     ref = HFReference(model, pkw)

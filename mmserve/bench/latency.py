@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from mmserve import LLM, SamplingParams
+from mmserve.bench.lib.engines.reference import HFReference
+from mmserve.bench.lib.engines.runners import add_engine_args, processor_kwargs_for
 from mmserve.bench.lib.harness import spread
 from mmserve.bench.lib.images import RESOLUTIONS, synthetic_image
 from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 from mmserve.bench.lib.provenance import engine_versions, threads_info
-from mmserve.bench.lib.reference import HFReference
 from mmserve.bench.lib.report import markdown_table, save
-from mmserve.bench.lib.runners import add_engine_args, processor_kwargs_for
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import render_chat
 

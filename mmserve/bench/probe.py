@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mmserve.bench.lib.engines.runners import MmserveRunner, add_engine_args, processor_kwargs_for
 from mmserve.bench.lib.images import RESOLUTIONS, png_bytes
 from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 from mmserve.bench.lib.provenance import engine_versions, threads_info
 from mmserve.bench.lib.report import markdown_table, plot_lines, save
-from mmserve.bench.lib.runners import MmserveRunner, add_engine_args, processor_kwargs_for
 from mmserve.engine.setup.malloc_tuning import set_malloc
 from mmserve.engine_args import EngineArgs
 

@@ -10,7 +10,7 @@ import pytest
 
 from mmserve.bench.all import run as bench_all
 from mmserve.bench.lib import harness, priority, provenance
-from mmserve.bench.lib.meter import Meter, group_cpu_s
+from mmserve.bench.lib.engines.meter import Meter, group_cpu_s
 
 
 @pytest.fixture

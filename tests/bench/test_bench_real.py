@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from mmserve.bench.cli import main as bench_main
 from mmserve.bench.gpu.measure import TTFT_RUN, TURNS_SEED
+from mmserve.bench.lib.engines.vllm_baseline import ImageDir
 from mmserve.bench.lib.images import png_bytes
-from mmserve.bench.lib.vllm_baseline import ImageDir
 from mmserve.bench.lib.workloads import Spec
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.run import vllm_payload
@@ -202,7 +202,7 @@ def test_smolvlm_images_are_capped_at_two_tiles_a_side_for_every_engine(tmp_path
     448x448 image is 17 tiles); the benches cap it at 2 tiles a side (1,024: 5 tiles) for
     every engine alike, as vLLM's examples pass ``size`` in ``mm_processor_kwargs``."""
     from mmserve import LLM, SamplingParams
-    from mmserve.bench.lib.runners import processor_kwargs_for
+    from mmserve.bench.lib.engines.runners import processor_kwargs_for
     from tests.support.images import make_image
 
     cap = {"size": {"longest_edge": 128}}  # tiny-smolvlm: 64-pixel tiles, 192-pixel images

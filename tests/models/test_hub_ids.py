@@ -178,7 +178,7 @@ def test_allow_patterns_cover_the_files_a_checkpoint_is_read_from(local_dir: Pat
 
 
 def test_bench_reads_hub_ids_like_any_model(cache: Path, local_dir: Path) -> None:
-    from mmserve.bench.lib.runners import architecture, model_max_len
+    from mmserve.bench.lib.engines.runners import architecture, model_max_len
 
     assert architecture("org/tiny") == architecture(str(local_dir))
     assert model_max_len("org/tiny") == model_max_len(str(local_dir))

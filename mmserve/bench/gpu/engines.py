@@ -15,8 +15,8 @@ import torch
 
 from mmserve import LLM
 from mmserve.bench.gpu.plan import Profile
-from mmserve.bench.lib.reference import HFReference
-from mmserve.bench.lib.runners import processor_kwargs_for
+from mmserve.bench.lib.engines.reference import HFReference
+from mmserve.bench.lib.engines.runners import processor_kwargs_for
 from mmserve.bench.lib.workloads import Spec
 from mmserve.bench.reuse.workload import Workload
 from mmserve.entrypoints.chat_utils import render_chat

@@ -36,8 +36,8 @@ from mmserve.bench.gpu.engines import (
     workload,
 )
 from mmserve.bench.gpu.plan import Profile
-from mmserve.bench.lib.reference import HFReference
-from mmserve.bench.lib.runners import MmserveRunner, TransformersRunner, run_transformers
+from mmserve.bench.lib.engines.reference import HFReference
+from mmserve.bench.lib.engines.runners import MmserveRunner, TransformersRunner, run_transformers
 from mmserve.bench.lib.workloads import reuse_specs
 from mmserve.bench.multiturn.conversation import run_conversation
 from mmserve.bench.reuse.engines import run_mmserve

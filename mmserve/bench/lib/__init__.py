@@ -1,3 +1,4 @@
-"""What the workloads share: the fair-comparison harness (rounds, contention meter, priority),
-the engines under test, deterministic images and request streams, the transformers reference,
-the servers to launch, the vLLM baseline, and results with their tables."""
+"""What the workloads share: the fair-comparison harness (rounds, contention, priority),
+the engines under test (``engines/``: runners, transformers reference, vLLM baseline, meter),
+deterministic images and request streams, the servers to launch, and results with their
+tables."""

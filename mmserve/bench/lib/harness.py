@@ -6,7 +6,7 @@ apart (and run again), median and spread.
   follows the same one. Slow drift and a neighbour's burst hit every engine alike instead of
   all the repeats of one.
 - **Contention.** A run during which other processes took more than ``--max-others`` cores
-  (``meter.py``) is contended: run again up to ``--retries`` times, left out of the medians
+  (``engines/meter.py``) is contended: run again up to ``--retries`` times, left out of the medians
   when uncontended runs exist.
 - **Median and spread.** ``spread(values)``: median, min, max, quartiles, n.
 

@@ -8,7 +8,7 @@ session that started the benchmark, child processes such as the vLLM worker incl
 lowers the process's own nice value (what counts when autogroups are off). The previous autogroup
 value is restored at exit. What was obtained, or why not, is recorded in every result
 (``env.priority``). Other sessions that raised theirs as well still get their fair share: the
-per-run ``others_cores`` (``meter.py``) shows how much they took.
+per-run ``others_cores`` (``engines/meter.py``) shows how much they took.
 """
 
 from __future__ import annotations

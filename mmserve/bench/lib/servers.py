@@ -27,8 +27,8 @@ from typing import IO, Any
 
 import httpx
 
-from mmserve.bench.lib.runners import model_max_len
-from mmserve.bench.lib.vllm_baseline import WORKER, engine_args
+from mmserve.bench.lib.engines.runners import model_max_len
+from mmserve.bench.lib.engines.vllm_baseline import WORKER, engine_args
 from mmserve.entrypoints.listen_port import free_port
 from mmserve.models.tiny import resolve_model_path
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from mmserve.bench.lib.engines.meter import Meter
+from mmserve.bench.lib.engines.runners import make_runner
+from mmserve.bench.lib.engines.vllm_baseline import ImageDir, engine_args, run_worker
 from mmserve.bench.lib.images import png_bytes
-from mmserve.bench.lib.meter import Meter
-from mmserve.bench.lib.runners import make_runner
-from mmserve.bench.lib.vllm_baseline import ImageDir, engine_args, run_worker
 from mmserve.engine_args import EngineArgs
 
 WARMUP_SEED = 90_000

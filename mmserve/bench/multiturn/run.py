@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mmserve.bench.lib.engines.runners import add_engine_args, model_max_len, processor_kwargs_for
+from mmserve.bench.lib.engines.vllm_baseline import vllm_python
 from mmserve.bench.lib.harness import (
     add_contention_args,
     add_rotation_arg,
@@ -26,8 +28,6 @@ from mmserve.bench.lib.images import RESOLUTIONS
 from mmserve.bench.lib.priority import add_priority_arg, apply_priority
 from mmserve.bench.lib.provenance import engine_versions, threads_info
 from mmserve.bench.lib.report import markdown_table, plot_lines, save
-from mmserve.bench.lib.runners import add_engine_args, model_max_len, processor_kwargs_for
-from mmserve.bench.lib.vllm_baseline import vllm_python
 from mmserve.bench.multiturn.conversation import run_engine_round
 from mmserve.bench.multiturn.summary import median_rows, summarize
 

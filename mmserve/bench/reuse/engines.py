@@ -14,11 +14,11 @@ from typing import Any
 from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
+from mmserve.bench.lib.engines.meter import Meter
+from mmserve.bench.lib.engines.reference import HFReference
+from mmserve.bench.lib.engines.runners import model_max_len, run_transformers
+from mmserve.bench.lib.engines.vllm_baseline import ImageDir, engine_args, run_worker
 from mmserve.bench.lib.images import synthetic_image
-from mmserve.bench.lib.meter import Meter
-from mmserve.bench.lib.reference import HFReference
-from mmserve.bench.lib.runners import model_max_len, run_transformers
-from mmserve.bench.lib.vllm_baseline import ImageDir, engine_args, run_worker
 from mmserve.bench.lib.workloads import RUN_STRIDE, WARMUP_RUN, Spec, warmup_specs
 from mmserve.bench.reuse.workload import Workload
 from mmserve.engine_args import EngineArgs

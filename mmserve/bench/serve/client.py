@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from mmserve.bench.lib.engines.meter import Meter
 from mmserve.bench.lib.images import png_data_url
-from mmserve.bench.lib.meter import Meter
 from mmserve.bench.lib.server_metrics import cache_rates, scrape_metrics
 from mmserve.bench.lib.workloads import Spec, latency_summary
 

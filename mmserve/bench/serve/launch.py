@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mmserve.bench.lib.engines.runners import processor_kwargs_for
 from mmserve.bench.lib.harness import (
     contention_summary,
     fmt_spread,
@@ -24,7 +25,6 @@ from mmserve.bench.lib.harness import (
 from mmserve.bench.lib.priority import apply_priority
 from mmserve.bench.lib.provenance import engine_versions, threads_info
 from mmserve.bench.lib.report import markdown_table, save
-from mmserve.bench.lib.runners import processor_kwargs_for
 from mmserve.bench.lib.servers import ENGINES, start_server, vllm_checkpoint
 from mmserve.bench.lib.workloads import WARMUP_RUN, warmup_specs, workload_kind, workload_specs
 from mmserve.bench.serve.client import run_client, summarize

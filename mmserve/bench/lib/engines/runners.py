@@ -12,8 +12,8 @@ import torch
 from tqdm import tqdm
 
 from mmserve import LLM, SamplingParams
-from mmserve.bench.lib.meter import Meter
-from mmserve.bench.lib.reference import QWEN_VL, HFReference
+from mmserve.bench.lib.engines.meter import Meter
+from mmserve.bench.lib.engines.reference import QWEN_VL, HFReference
 from mmserve.engine_args import EngineArgs
 from mmserve.entrypoints.chat_utils import chat_to_prompt, parse_chat_messages, render_chat
 from mmserve.models.tiny import resolve_model_path

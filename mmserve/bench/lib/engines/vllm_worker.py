@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meter import Meter  # mmserve/bench/lib/meter.py: this script's directory is on sys.path
+from meter import Meter  # bench/lib/engines/meter.py: this script's directory is on sys.path
 
 
 def compatible_checkpoint(path: str, tmp: Path) -> str:
