@@ -18,9 +18,9 @@ from torch import nn
 
 from mmserve.layers.linear import Linear
 from mmserve.layers.norm import RMSNorm
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.gemma3_text import NORM_OFFSET, Gemma3TextModel
 from mmserve.models.llama import LlamaLMHeadMixin
-from mmserve.models.loader import load_safetensors
 from mmserve.models.vision.siglip import SiglipVisionTower
 
 # checkpoint key -> module name: transformers-5 layout and the hub's (google/gemma-3-*-it).

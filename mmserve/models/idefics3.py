@@ -23,8 +23,8 @@ from torch import nn
 
 from mmserve.layers.linear import Linear
 from mmserve.layers.transfer import to_device_like
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
-from mmserve.models.loader import load_safetensors
 from mmserve.models.vision.idefics3 import Idefics3VisionTower
 from mmserve.multimodal.image.idefics3 import image_seq_len, max_span_tokens
 from mmserve.multimodal.video.smolvlm import SmolVideoSampling, declares_video

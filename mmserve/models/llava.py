@@ -11,8 +11,8 @@ from transformers.activations import ACT2FN
 
 from mmserve.layers.linear import Linear
 from mmserve.layers.transfer import to_device_like
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
-from mmserve.models.loader import load_safetensors
 from mmserve.models.vision.clip import CLIPVisionTower
 
 # checkpoint key -> module name; covers transformers-5 layout and the hub's older one.

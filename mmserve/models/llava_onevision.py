@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve.layers.linear import Linear
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
 from mmserve.models.llava import LLAVA_RENAME_RULES, LlavaProjector
-from mmserve.models.loader import load_safetensors
 from mmserve.models.vision.siglip import SiglipVisionTower
 from mmserve.multimodal.image.anyres import AnyresGeometry
 from mmserve.multimodal.video.onevision import pooled_frame_tokens

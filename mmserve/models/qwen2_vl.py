@@ -26,8 +26,8 @@ from mmserve.layers.linear import Linear
 from mmserve.layers.mrope import MRopePositions, MRotaryEmbedding, VisionSpan, mrope_positions
 from mmserve.layers.rotary import rope_theta
 from mmserve.layers.transfer import to_device_like
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.llama import LlamaLMHeadMixin, LlamaModel
-from mmserve.models.loader import load_safetensors
 from mmserve.models.vision.qwen2_vl import Grid, Qwen2VisionTransformer
 from mmserve.multimodal.video.qwen2_vl import load_video_settings
 

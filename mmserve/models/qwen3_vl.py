@@ -30,9 +30,9 @@ from mmserve.inputs import MultiModalItem
 from mmserve.layers.linear import Linear
 from mmserve.layers.mrope import MRopePositions, mrope_positions
 from mmserve.layers.transfer import to_device_like
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.interface import DeepstackInputs
 from mmserve.models.llama import LlamaLMHeadMixin
-from mmserve.models.loader import load_safetensors
 from mmserve.models.qwen2_vl import (
     QWEN2_VL_RENAME_RULES,
     ImageLimits,

@@ -12,7 +12,7 @@ from mmserve.kernels import cpu_kernels_apply, cpu_ops, unavailable_reason
 from mmserve.layers.fused_linear import StackedLinear
 from mmserve.layers.norm import RMSNorm
 from mmserve.layers.rotary import RotaryEmbedding, apply_rope, apply_rope_to_heads_
-from mmserve.models.loader import load_safetensors
+from mmserve.models.checkpoint.loader import load_safetensors
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 from mmserve import LLM, SamplingParams
 from mmserve.cli import build_parser
 from mmserve.entrypoints.openai.cli_args import validate_serve_flags
-from mmserve.models.hub import HUB_FILE_PATTERNS, is_hub_id
+from mmserve.models.checkpoint.hub import HUB_FILE_PATTERNS, is_hub_id
 from mmserve.models.tiny import LAYOUT_NAMES, PRESET_NAMES, resolve_model_path
 from tests.support.fake_hub import FakeHub, checkpoint_files, dead_endpoint, use_hub
 

@@ -24,8 +24,8 @@ from transformers.models.idefics3.modeling_idefics3 import (
 
 from mmserve import LLM, SamplingParams
 from mmserve.engine.setup.loading import build_model_config
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.idefics3 import Idefics3Connector
-from mmserve.models.loader import load_safetensors
 from mmserve.models.tiny import resolve_model_path
 from mmserve.models.tiny.presets import randomize_weights
 from mmserve.models.vision.idefics3 import Idefics3VisionTower, full_tile_position_ids

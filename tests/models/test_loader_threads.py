@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from mmserve.models.loader import load_safetensors
+from mmserve.models.checkpoint.loader import load_safetensors
 
 
 class TwoLayers(nn.Module):

@@ -97,7 +97,7 @@ def use_hub(
     Returns the hub cache directory (``cache``, default ``home/hub``)."""
     from huggingface_hub import constants
 
-    from mmserve.models import hub
+    from mmserve.models.checkpoint import hub
 
     cache = cache or home / "hub"
     patches = {

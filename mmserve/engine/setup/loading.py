@@ -21,8 +21,8 @@ from mmserve.engine_args import EngineArgs
 from mmserve.graph_config import DecodeGraphConfig
 from mmserve.layers.linear import use_bf16_weights, use_packed_float32, use_small_batch_kernel
 from mmserve.layers.rotary import RotaryEmbedding
+from mmserve.models.checkpoint.loader import materialize
 from mmserve.models.interface import VisionLanguageModel
-from mmserve.models.loader import materialize
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
 

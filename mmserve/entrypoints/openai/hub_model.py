@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmserve.models.hub import download_checkpoint, is_hub_id
+from mmserve.models.checkpoint.hub import download_checkpoint, is_hub_id
 
 
 def resolve_hub_model(args: argparse.Namespace) -> None:

@@ -1,5 +1,5 @@
 """Resolve a model name or path, building preset checkpoints into a local cache on first use
-(hub model IDs are downloaded by ``models.hub``)."""
+(hub model IDs are downloaded by ``models.checkpoint.hub``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..hub import download_checkpoint, is_hub_id
+from ..checkpoint.hub import download_checkpoint, is_hub_id
 from .hub_layouts import HUB_LAYOUTS, LAYOUT_NAMES, LAYOUT_VERSION
 from .presets import BUILD_VERSION, PRESET_NAMES, build_preset
 from .shapes import SHAPE_BUILD_VERSION, SHAPE_NAMES, build_shape
@@ -85,8 +85,9 @@ def resolve_model_path(
 ) -> Path:
     """The local checkpoint directory of a model name, first match wins: a preset, hub layout
     or ``shape:`` name, built into the cache; an existing local directory with config.json; a
-    hub ID ``ORG/NAME``, downloaded at ``revision`` into ``download_dir`` (``models.hub``; both
-    are ignored for presets, shapes and directories). Raises ``ValueError`` otherwise.
+    hub ID ``ORG/NAME``, downloaded at ``revision`` into ``download_dir``
+    (``models.checkpoint.hub``; both are ignored for presets, shapes and directories). Raises
+    ``ValueError`` otherwise.
     """
     if name_or_path in PRESET_NAMES:
         return ensure_preset(name_or_path)

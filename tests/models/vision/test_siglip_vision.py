@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
-from mmserve.models.loader import load_safetensors
+from mmserve.models.checkpoint.loader import load_safetensors
 from mmserve.models.tiny.presets import randomize_weights
 from mmserve.models.vision.siglip import SiglipVisionTower
 

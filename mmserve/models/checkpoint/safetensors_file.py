@@ -1,6 +1,7 @@
 """One ``.safetensors`` file read without the ``safetensors`` package's copies: its header,
 tensors mapped copy-on-write as views of the file, and positioned reads into a destination.
-Why mapping and reads are split this way is the loader's business (``mmserve.models.loader``)."""
+Why mapping and reads are split this way is the loader's business
+(``mmserve.models.checkpoint.loader``)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from mmserve.layers.fused_linear import stacked_checkpoint_rows
-from mmserve.models.safetensors_file import SafetensorsFile
+from mmserve.models.checkpoint.safetensors_file import SafetensorsFile
 
 
 def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

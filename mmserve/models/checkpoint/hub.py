@@ -19,7 +19,7 @@ import logging
 import re
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mmserve.models.hub")  # its log name before the move
 
 HUB_FILE_PATTERNS: tuple[str, ...] = (
     "config.json",
