@@ -157,8 +157,8 @@ def test_the_budget_bound_holds_base_only_images():
 def test_a_video_beside_two_images_keeps_its_frames_and_drops_their_grids(imgs):
     """Videos are unchanged (frames pooled, one item each); the two images of the prompt take
     the multi-image mode, as transformers' processor takes the images of one sample."""
-    from tests.models.test_llava_onevision_video import GREEDY as VIDEO_GREEDY
-    from tests.models.test_llava_onevision_video import VideoReference, make_frames, prompt
+    from tests.models.video.test_llava_onevision_video import GREEDY as VIDEO_GREEDY
+    from tests.models.video.test_llava_onevision_video import VideoReference, make_frames, prompt
 
     ref = VideoReference()
     video, images = make_frames(3, 3), [imgs[0], imgs[2]]

@@ -17,7 +17,7 @@ from mmserve.entrypoints.ray.frontend import FrontendEngine, ReplicaFacts
 from mmserve.inputs import PromptInput
 from mmserve.multimodal.handles import MediaHandleError
 from mmserve.multimodal.media.policy import MediaFetchPolicy
-from tests.engine.test_encode_handles import chat_of, data_url, image_part
+from tests.engine.handles.test_encode_handles import chat_of, data_url, image_part
 
 MODEL = "tiny-llava"
 SECRET = "ray-ingress-handles-secret-0123"
@@ -94,7 +94,7 @@ def test_a_media_handle_error_crosses_process_boundaries_with_its_code() -> None
 def test_the_ingress_resolves_a_video_handle_and_marks_every_piece(module_redis_server) -> None:
     """A video handle a replica made names the video's pieces (their keys the handle plus a
     suffix); the ingress gives the prompt the video gives and marks each piece as by handle."""
-    from tests.engine.test_encode_video_handles import video_part, video_url
+    from tests.engine.handles.test_encode_video_handles import video_part, video_url
 
     store = {"encoder_store_redis": module_redis_server.url, "encoder_store_secret": SECRET}
     model, limits = "tiny-qwen2-vl", {"image": 2, "video": 2}

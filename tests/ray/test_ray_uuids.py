@@ -22,7 +22,7 @@ from mmserve.entrypoints.chat_utils import chat_to_prompt
 from mmserve.entrypoints.ray.frontend import FrontendEngine
 from mmserve.inputs import PromptInput
 from mmserve.multimodal.handles import MediaHandleError
-from tests.engine.test_encode_handles import chat_of, data_url, image_part
+from tests.engine.handles.test_encode_handles import chat_of, data_url, image_part
 from tests.ray.test_ray_handles import MODEL, SECRET, frontend_of
 
 

@@ -28,7 +28,7 @@ from mmserve.models.tiny import QWEN_SPECIAL_TOKEN_IDS, resolve_model_path
 from mmserve.multimodal.video.prep import video_frames
 from mmserve.multimodal.video.qwen2_vl import preprocess_video
 from mmserve.multimodal.video.qwen3 import load_qwen3_video_settings
-from tests.models.test_qwen_video import GREEDY, IMAGE, VIDEO, check, make_frames, prompt
+from tests.models.video.test_qwen_video import GREEDY, IMAGE, VIDEO, check, make_frames, prompt
 from tests.support.engine import assert_no_leaks
 from tests.support.images import make_image
 

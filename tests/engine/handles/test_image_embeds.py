@@ -9,7 +9,7 @@ import torch
 
 from mmserve import LLM
 from mmserve.inputs import ImageEmbeds
-from tests.engine.test_encode_handles import GREEDY, chat_of, data_url, encoded, image_part
+from tests.engine.handles.test_encode_handles import GREEDY, chat_of, data_url, encoded, image_part
 from tests.support.engine import assert_no_leaks
 
 

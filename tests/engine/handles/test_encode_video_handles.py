@@ -11,7 +11,7 @@ import pytest
 
 from mmserve import LLM, SamplingParams
 from mmserve.multimodal.handles import HandleRecord, MediaHandleError
-from tests.engine.test_encode_handles import chat_of, data_url, encoded, image_part
+from tests.engine.handles.test_encode_handles import chat_of, data_url, encoded, image_part
 from tests.support.engine import assert_no_leaks
 from tests.support.video import make_video
 
