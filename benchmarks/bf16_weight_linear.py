@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from mmserve.kernels import cpu_ops
-from mmserve.layers.bf16_weights import bf16_linear, pack_bf16_exact
+from mmserve.layers.bf16_weights import pack_bf16_exact
 
 LAYERS = {  # (out, in) per linear: fused q/k/v, o, fused gate/up (or fc1), down (or fc2)
     "qwen2-vl-2b-lm": [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)],
@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--layer", choices=sorted(LAYERS), default="qwen2-vl-2b-lm")
     args = parser.parse_args()
     layer = LAYERS[args.layer]
+    ops = cpu_ops()  # the kernel itself at every row count (bf16_linear widens from UNPACK_ROWS)
+    assert ops is not None
     torch.set_num_threads(args.threads)
     weights = [torch.randn(n, k).bfloat16().float() for n, k in layer * 2]
     packed_bf16 = [pack_bf16_exact(w) for w in weights]
@@ -75,7 +77,7 @@ def main() -> None:
         paths = {
             "bf16 kernel": (
                 lambda xs=xs: [
-                    bf16_linear(xs[w.shape[1]], p, None, w.shape[0])  # type: ignore[arg-type]
+                    ops.bf16_weight_linear(xs[w.shape[1]], p, None, w.shape[0])
                     for w, p in zip(weights, packed_bf16, strict=True)
                 ],
                 float32_bytes // 2,

@@ -16,7 +16,7 @@ it. Medians of 7 alternated rounds on 2 AVX2 threads, GFLOP/s, kernel vs widened
 (``benchmarks/bf16_weight_linear.py --rounds 7 --rows 1024,2048,4096 --layer L``), on the
 layers of Qwen2-VL-2B's language model, its vision tower and SmolVLM-256M's: at 1,024 rows
 132 / 125 / 122 vs 101 / 108 / 107; at 2,048 133 / 116 / 115 vs 115 / 115 / 118; at 4,096
-122 / 127 / 111 vs 123 / 141 / 108 (and SmolVLM's tower, 5,120 rows inside the engine: 111-139
+110 / 120 / 101 vs 109 / 117 / 112 (and SmolVLM's tower, 5,120 rows inside the engine: 111-139
 on the kernel, oneDNN 160-165 alone). A weight whose float32 form exceeds ``UNPACK_BYTES``
 stays on the kernel (no call allocates more than that).
 
