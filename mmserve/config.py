@@ -111,6 +111,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_memory < 1:
+            raise ValueError(f"kv_cache_memory must be >= 1, got {self.kv_cache_memory}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.encoder_cache_memory < 0:

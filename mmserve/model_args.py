@@ -15,6 +15,7 @@ from typing import Any
 
 from mmserve.arg_fields import arg_field, env_arg_field
 from mmserve.arg_types import human_readable_int_or_auto, parse_json_object
+from mmserve.arg_values import read_field_values
 from mmserve.config import ATTENTION_BACKENDS, check_device_syntax
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vLLM's --dtype values
@@ -83,7 +84,12 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         """Normalise vLLM's dtype aliases and check the device's syntax (ValueError naming the
-        setting); ``EngineArgs.__post_init__`` runs this first."""
+        setting); ``EngineArgs.__post_init__`` runs this first. Every field's value is read as
+        its type says first (``arg_values``); a torch dtype, as vLLM's ``LLM`` takes one, is its
+        name."""
+        if not isinstance(self.dtype, str) and str(self.dtype).startswith("torch."):
+            self.dtype = str(self.dtype).removeprefix("torch.")
+        read_field_values(self)
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
