@@ -33,11 +33,13 @@ SOURCES = [
     "mmserve/kernels/csrc/paged_attention_half.cpp",
     "mmserve/kernels/csrc/small_batch_linear.cpp",
     "mmserve/kernels/csrc/bf16_weight_linear.cpp",
+    "mmserve/kernels/csrc/bf16_weight_pack.cpp",
     "mmserve/kernels/csrc/fused_ops.cpp",
     "mmserve/kernels/csrc/paged_attention.cpp",
     "mmserve/kernels/csrc/module.cpp",
 ]
 HEADERS = [
+    "mmserve/kernels/csrc/bf16_weight_tiles.h",
     "mmserve/kernels/csrc/ops.h",
     "mmserve/kernels/csrc/paged_attention_kernels.h",
     "mmserve/kernels/csrc/paged_attention_launch.h",

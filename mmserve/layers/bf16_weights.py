@@ -37,7 +37,7 @@ UNPACK_BYTES = 256 << 20  # the largest widened weight a call allocates
 
 def pack_bf16_exact(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` [N, K] float32 as bfloat16 tiles [ceil(N / tile), K, tile] (the layout in
-    ``bf16_weight_linear.cpp``; the last tile padded with zeros), or None when a value of it
+    ``bf16_weight_tiles.h``; the last tile padded with zeros), or None when a value of it
     is not a bfloat16 value (widening the tiles would not give the weight back)."""
     ops = cpu_ops()
     assert ops is not None

@@ -3,11 +3,7 @@
 // float32 weight takes, and the same products, since widening a bfloat16 to float32 is exact.
 // Every product and sum is float32.
 //
-// Layout (packed once by mmserve/layers/bf16_weights.py): tiles of TILE = 2W weight rows (W:
-// the CPU's float lanes); a tile holds, for each column k, TILE bfloat16 values, where 32-bit
-// lane i carries row i in its low half and row W + i in its high half. One vector load then
-// gives both halves' rows as floats in two instructions (a shift, an and), and each column of x
-// is one broadcast for 2W products: no horizontal sums, the weight read once, front to back.
+// Layout: bf16_weight_tiles.h.
 //
 // Work: the tiles split evenly across threads; inside a tile, x's columns go in blocks of
 // K_BLOCK, so that the tile's block stays in L1 while rows of x pass it. Up to 8 rows (a decode
@@ -20,6 +16,7 @@
 // Measured against oneDNN's packed float32 product: layers/bf16_weights.py.
 #pragma GCC optimize("O3")
 
+#include "bf16_weight_tiles.h"
 #include "ops.h"
 
 #include <torch/csrc/stable/ops.h>
@@ -31,8 +28,10 @@
 
 namespace {
 
-constexpr int W = NATIVE_FLOAT_LANES;
-constexpr int TILE = 2 * W;
+using bf16_tiles::TILE;
+using bf16_tiles::vf;
+using bf16_tiles::W;
+using bf16_tiles::widen;
 constexpr int64_t K_BLOCK = 256;
 // Decode reads each weight once, from memory: a pass asks for the tile's next block while it
 // computes this one, every other column (a cache line on AVX2). A whole block ahead was the
@@ -47,17 +46,6 @@ inline void prefetch_ahead(const uint16_t* tile, int64_t k) {
 // and a broadcast fit the vector registers (16 below AVX-512, 32 with it).
 constexpr int MR = W == 16 ? 12 : 6;
 constexpr int64_t M_BLOCK = MR * (128 / MR);  // rows of x per pass of the weight
-typedef float vf __attribute__((vector_size(W * 4)));
-typedef uint32_t vu __attribute__((vector_size(W * 4)));
-
-// The tile's rows [0, W) and [W, 2W) at one column, as floats.
-inline void widen(const uint16_t* p, vf& low, vf& high) {
-  vu bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  low = (vf)(bits << 16);
-  high = (vf)(bits & 0xFFFF0000u);
-}
-
 // acc[M0 + p] += tile[k0:k1] * x[M0 + p, k0:k1] for p < P.
 template <int P>
 inline void pass(const uint16_t* tile, const float* x, int64_t k_dim, int m0, int64_t k0,
@@ -281,70 +269,3 @@ Tensor bf16_weight_linear(const Tensor& x, const Tensor& packed, const std::opti
   }
   return out;
 }
-
-int64_t bf16_weight_pack(const Tensor& weight, const Tensor& out) {
-  using torch::headeronly::ScalarType;
-  MMSERVE_CHECK(weight.is_cpu() && weight.dim() == 2 && weight.is_contiguous() &&
-                    weight.scalar_type() == ScalarType::Float,
-                "weight must be a contiguous float32 CPU tensor [n, in]");
-  const int64_t n_dim = weight.size(0), k_dim = weight.size(1);
-  const int64_t tiles = (n_dim + TILE - 1) / TILE;
-  MMSERVE_CHECK(out.is_cpu() && out.dim() == 3 && out.is_contiguous() &&
-                    out.scalar_type() == ScalarType::BFloat16 && out.size(0) == tiles &&
-                    out.size(1) == k_dim && out.size(2) == TILE,
-                "out must be a contiguous bfloat16 CPU tensor [", tiles, ", ", k_dim, ", ", TILE,
-                "]");
-  const auto* pw = reinterpret_cast<const uint32_t*>(weight.const_data_ptr());
-  auto* po = reinterpret_cast<uint16_t*>(out.mutable_data_ptr());
-  std::vector<int64_t> inexact(tiles, 0);
-  torch::stable::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      int64_t bad = 0;
-      for (int i = 0; i < TILE; ++i) {  // row t * TILE + i goes to lane i % W, half i / W
-        const int64_t n = t * TILE + i;
-        uint16_t* dest = po + t * k_dim * TILE + 2 * (i % W) + i / W;
-        if (n >= n_dim) {
-          for (int64_t k = 0; k < k_dim; ++k) dest[k * TILE] = 0;
-          continue;
-        }
-        const uint32_t* row = pw + n * k_dim;
-        for (int64_t k = 0; k < k_dim; ++k) {
-          bad += (row[k] & 0xFFFFu) != 0;
-          dest[k * TILE] = static_cast<uint16_t>(row[k] >> 16);
-        }
-      }
-      inexact[t] = bad;
-    }
-  });
-  int64_t total = 0;
-  for (const int64_t bad : inexact) total += bad;
-  return total;
-}
-
-// out [in, tiles x TILE] = the packed weight widened and transposed (padding rows as zero
-// columns): each tile's column k is one load, two widened vectors, stored side by side.
-void bf16_weight_unpack(const Tensor& packed, const Tensor& out) {
-  using torch::headeronly::ScalarType;
-  MMSERVE_CHECK(packed.is_cpu() && packed.dim() == 3 && packed.is_contiguous() &&
-                    packed.scalar_type() == ScalarType::BFloat16 && packed.size(2) == TILE,
-                "packed must be a contiguous bfloat16 CPU tensor [tiles, in, ", TILE, "]");
-  const int64_t tiles = packed.size(0), k_dim = packed.size(1), width = tiles * TILE;
-  MMSERVE_CHECK(out.is_cpu() && out.dim() == 2 && out.is_contiguous() &&
-                    out.scalar_type() == ScalarType::Float && out.size(0) == k_dim &&
-                    out.size(1) == width,
-                "out must be a contiguous float32 CPU tensor [", k_dim, ", ", width, "]");
-  const auto* pw = reinterpret_cast<const uint16_t*>(packed.const_data_ptr());
-  float* po = out.mutable_data_ptr<float>();
-  torch::stable::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint16_t* tile = pw + t * k_dim * TILE;
-      for (int64_t k = 0; k < k_dim; ++k) {
-        vf halves[2];
-        widen(tile + k * TILE, halves[0], halves[1]);
-        std::memcpy(po + k * width + t * TILE, halves, sizeof(halves));
-      }
-    }
-  });
-}
-
-int64_t bf16_weight_tile_rows() { return TILE; }

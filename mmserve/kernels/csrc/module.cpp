@@ -38,7 +38,8 @@ STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
   m.def("small_batch_linear_max_rows() -> int");
   // float32 x @ w.T + bias, w kept as bfloat16 tiles (bf16_weight_linear.cpp)
   m.def("bf16_weight_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
-  // a float32 weight's bfloat16 bits into tiles; how many values were not bfloat16 values
+  // a float32 weight's bfloat16 bits into tiles (bf16_weight_pack.cpp); how many values were
+  // not bfloat16 values
   m.def("bf16_weight_pack(Tensor weight, Tensor(a!) out) -> int");
   // the tiles widened back to float32 and transposed: [in, tiles x tile]
   m.def("bf16_weight_unpack(Tensor packed, Tensor(a!) out) -> ()");
