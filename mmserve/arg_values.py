@@ -7,6 +7,7 @@ field's flag reads it (``kv_cache_memory="1GiB"`` as ``--kv-cache-memory 1GiB``)
 string, a tuple as a list; any other value that is not of the field's type is a ``ValueError``
 naming the field and the value, before anything loads. (Unchecked, ``"8"`` failed deep in the
 engine with a ``TypeError`` and ``enable_prefix_caching="no"`` switched the cache on.)
+``check_field_types`` is the check alone, for settings that have no flags (``SamplingParams``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,29 @@ import typing
 from dataclasses import Field, fields
 from typing import Any
 
+_HINTS: dict[type, dict[str, Any]] = {}  # settings class -> its fields' annotations, resolved
+
+
+def _field_hints(settings_class: type) -> dict[str, Any]:
+    if settings_class not in _HINTS:
+        _HINTS[settings_class] = typing.get_type_hints(settings_class)
+    return _HINTS[settings_class]
+
+
+def check_field_types(settings: Any) -> None:
+    """``ValueError`` naming the first field of the dataclass instance ``settings`` whose value
+    is not of its annotated type (a dict's keys and values and a list's items too)."""
+    hints = _field_hints(type(settings))
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if not _matches(value, hints[f.name]):
+            raise ValueError(f"{f.name} must be {f.type}, got {value!r}")
+
 
 def read_field_values(settings: Any) -> None:
     """Each field of the dataclass instance ``settings`` read as its annotation says (module
     doc), in place; ``ValueError`` names the first one that cannot be."""
-    hints = typing.get_type_hints(type(settings))
+    hints = _field_hints(type(settings))
     for f in fields(settings):
         hint = hints[f.name]
         value = _read(f, hint, getattr(settings, f.name))

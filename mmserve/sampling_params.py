@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
+from mmserve.arg_values import check_field_types
 from mmserve.structured_outputs import StructuredOutputsParams
 
 GREEDY_EPS = 1e-5  # temperatures below this sample greedily (their softmax over/underflows)
@@ -50,14 +52,15 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        """vLLM's spellings normalised (one stop string, tuples or None for the lists, OpenAI's
+        string token ids), then every field's type checked (``arg_values``) and its range:
+        ValueError naming the field."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self.logit_bias = {
-            int(token): max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
-            for token, bias in (self.logit_bias or {}).items()
-        }
+        self.stop = _as_list(self.stop)
+        self.stop_token_ids = _as_list(self.stop_token_ids)
+        self.logit_bias = _read_logit_bias(self.logit_bias)
+        check_field_types(self)
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
@@ -119,6 +122,32 @@ class SamplingParams:
                 raise ValueError(
                     f"{name} has token id(s) {bad[:5]} outside the vocabulary (size {vocab_size})"
                 )
+
+
+def _as_list(value: Any) -> Any:
+    """A tuple or None as a list; anything else as given, for the type check to judge."""
+    return [] if value is None else list(value) if isinstance(value, tuple) else value
+
+
+def _read_logit_bias(value: Any) -> Any:
+    """Token id (an int, or its digits as OpenAI's JSON sends them) -> bias clamped to
+    [-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT]; None is no bias; a non-dict is left for the type
+    check."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return value
+    biases = {}
+    for token, bias in value.items():
+        token_id = token if isinstance(token, int) else None
+        if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+            token_id = int(token)
+        if token_id is None or isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise ValueError(
+                f"logit_bias must map token ids to numbers, got {token!r}: {bias!r} in {value!r}"
+            )
+        biases[token_id] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
+    return biases
 
 
 @dataclass
