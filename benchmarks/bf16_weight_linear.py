@@ -13,6 +13,8 @@ Run as root on a quiet machine after ``echo -20 > /proc/self/autogroup``:
 
     python benchmarks/bf16_weight_linear.py --threads 2 --rounds 5
     python benchmarks/bf16_weight_linear.py --rounds 7 --rows 1024,2048,4096 --layer qwen2-vl-2b-vit
+
+``--paths kernel`` times the kernel alone, e.g. to compare two builds in alternated processes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ LAYERS = {  # (out, in) per linear: fused q/k/v, o, fused gate/up (or fc1), down
     "qwen2-vl-2b-lm": [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)],
     "qwen2-vl-2b-vit": [(3840, 1280), (1280, 1280), (5120, 1280), (1280, 5120)],
     "smolvlm-256m-vit": [(2304, 768), (768, 768), (3072, 768), (768, 3072)],
+}
+
+
+PATHS = {  # --paths name -> the table's name of the path
+    "kernel": "bf16 kernel",
+    "widened": "bf16 widened per call + oneDNN",
+    "onednn": "oneDNN packed float32",
+    "dense": "F.linear float32",
 }
 
 
@@ -58,14 +68,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rows", default="1,2,4,8,16,32,90,266,1024")
     parser.add_argument("--layer", choices=sorted(LAYERS), default="qwen2-vl-2b-lm")
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)}"
+    )
     args = parser.parse_args()
+    chosen = [PATHS[name] for name in args.paths.split(",")] if args.paths else []
+    if not chosen or not set(chosen) <= set(PATHS.values()):
+        parser.error(f"--paths: choose from {', '.join(PATHS)}")
     layer = LAYERS[args.layer]
     ops = cpu_ops()  # the kernel itself at every row count (bf16_linear widens from UNPACK_ROWS)
     assert ops is not None
     torch.set_num_threads(args.threads)
     weights = [torch.randn(n, k).bfloat16().float() for n, k in layer * 2]
-    packed_bf16 = [pack_bf16_exact(w) for w in weights]
-    assert all(p is not None for p in packed_bf16)
+    packed_bf16: list[torch.Tensor] = []
+    for w in weights:
+        packed = pack_bf16_exact(w)
+        assert packed is not None  # rounded to bfloat16 above
+        packed_bf16.append(packed)
     packed_onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in weights]
     float32_bytes = sum(w.numel() * 4 for w in weights)
     print(f"{args.threads} threads, {torch.backends.cpu.get_cpu_capability()}")
@@ -101,6 +120,7 @@ def main() -> None:
                 float32_bytes,
             ),
         }
+        paths = {name: path for name, path in paths.items() if name in chosen}
         samples: dict[str, list[float]] = {name: [] for name in paths}
         for run, _ in paths.values():
             run()  # warm-up
