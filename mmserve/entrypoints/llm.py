@@ -112,6 +112,17 @@ class LLM:
             sampling_params = self.engine.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(inputs)
+        if not isinstance(sampling_params, (list, tuple)):
+            raise ValueError(
+                "sampling_params must be a SamplingParams or a list of them, one per prompt,"
+                f" got {type(sampling_params).__name__} {sampling_params!r}"
+            )
+        for i, params in enumerate(sampling_params):
+            if not isinstance(params, SamplingParams):
+                raise ValueError(
+                    "sampling_params must be a SamplingParams or a list of them, one per"
+                    f" prompt, got {type(params).__name__} {params!r} at index {i}"
+                )
         if len(sampling_params) != len(inputs):
             raise ValueError(
                 f"got {len(sampling_params)} sampling params for {len(inputs)} prompts"

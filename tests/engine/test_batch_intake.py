@@ -129,3 +129,25 @@ def test_bad_parameters_of_a_later_prompt_leave_no_earlier_prompt_queued(llm) ->
         llm.generate([PROMPT.replace("<image>", ""), "Second prompt"], [ok, bad], use_tqdm=False)
     assert llm.get_metrics()["num_requests_waiting"] == 0
     assert_no_leaks(llm)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0, "max_tokens": 4},
+        [SamplingParams(max_tokens=4), {"max_tokens": 4}],
+        "greedy",
+        (SamplingParams(max_tokens=4), None),
+    ],
+)
+def test_sampling_params_of_another_type_are_a_value_error_before_anything_runs(
+    llm, params
+) -> None:
+    """A dict (the OpenAI request's fields) where a ``SamplingParams`` belongs failed deep in
+    the engine with ``AttributeError``, or was counted as that many prompts' parameters."""
+    count = len(params) if isinstance(params, (list, tuple)) else 1
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams") as err:
+        llm.generate(["First prompt", "Second prompt"][:count], params, use_tqdm=False)
+    assert "got" in str(err.value)
+    assert llm.get_metrics()["num_requests_waiting"] == 0
+    assert_no_leaks(llm)
