@@ -4,6 +4,7 @@ order), the content shape it feeds them, and the rendered prompt against transfo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,21 @@ def test_generation_config_modes(tmp_path: Path) -> None:
     assert load_generation_defaults("auto", resolve_model_path("tiny-llava")) == {}  # eos only
     with pytest.raises(ValueError, match="generation_config.json"):
         load_generation_defaults(str(tmp_path), path)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("temperature", "0.7"), ("top_k", 2.5), ("top_p", 0), ("max_new_tokens", "many")],
+)
+def test_a_generation_config_value_no_request_could_take_fails_at_load(
+    tmp_path: Path, setting: str, value: object
+) -> None:
+    """Its defaults would otherwise fail every request that leaves the field unset."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({setting: value}))
+    field = "max_tokens" if setting == "max_new_tokens" else setting
+    with pytest.raises(ValueError, match=f"generation_config.json: {field}") as err:
+        load_generation_defaults(str(tmp_path), resolve_model_path("tiny-llava"))
+    assert repr(value) in str(err.value) or f"got {value}" in str(err.value)
 
 
 def test_vllm_flag_names_for_the_chat_settings() -> None:

@@ -5,7 +5,8 @@ value is a directory holding a ``generation_config.json``. Like vLLM, only ``tem
 ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` and ``max_new_tokens`` (as
 ``max_tokens``) are taken, each only when set, and ``do_sample`` is not read. A default applies
 only where the request leaves the field unset; ``max_tokens`` also caps the default length
-(the room left in the context).
+(the room left in the context). Values no request could take (of another type or range) fail
+the load, naming the file and the field.
 """
 
 from __future__ import annotations
@@ -56,7 +57,12 @@ def load_generation_defaults(setting: str, model_dir: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a JSON object")
-    return {field: data[key] for key, field in _FIELDS.items() if data.get(key) is not None}
+    defaults = {field: data[key] for key, field in _FIELDS.items() if data.get(key) is not None}
+    try:  # now, not in every request that leaves the field unset
+        build_sampling_params(defaults)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return defaults
 
 
 def merge_defaults(requested: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
