@@ -17,38 +17,39 @@ import numbers
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import Field, fields
 from typing import Any
 
-_HINTS: dict[type, dict[str, Any]] = {}  # settings class -> its fields' annotations, resolved
+Check = Callable[[Any], bool]
+# settings class -> (field, resolved annotation, its type check) per field, built once
+_FIELD_CHECKS: dict[type, list[tuple[Field[Any], Any, Check]]] = {}
 
 
-def _field_hints(settings_class: type) -> dict[str, Any]:
-    if settings_class not in _HINTS:
-        _HINTS[settings_class] = typing.get_type_hints(settings_class)
-    return _HINTS[settings_class]
+def _field_checks(settings_class: type) -> list[tuple[Field[Any], Any, Check]]:
+    if settings_class not in _FIELD_CHECKS:
+        hints = typing.get_type_hints(settings_class)
+        _FIELD_CHECKS[settings_class] = [
+            (f, hints[f.name], _checker(hints[f.name])) for f in fields(settings_class)
+        ]
+    return _FIELD_CHECKS[settings_class]
 
 
 def check_field_types(settings: Any) -> None:
     """``ValueError`` naming the first field of the dataclass instance ``settings`` whose value
     is not of its annotated type (a dict's keys and values and a list's items too)."""
-    hints = _field_hints(type(settings))
-    for f in fields(settings):
+    for f, _, check in _field_checks(type(settings)):
         value = getattr(settings, f.name)
-        if not _matches(value, hints[f.name]):
+        if not check(value):
             raise ValueError(f"{f.name} must be {f.type}, got {value!r}")
 
 
 def read_field_values(settings: Any) -> None:
     """Each field of the dataclass instance ``settings`` read as its annotation says (module
-    doc), in place; ``ValueError`` names the first one that cannot be."""
-    hints = _field_hints(type(settings))
-    for f in fields(settings):
-        hint = hints[f.name]
-        value = _read(f, hint, getattr(settings, f.name))
-        if not _matches(value, hint):
-            raise ValueError(f"{f.name} must be {f.type}, got {value!r}")
-        setattr(settings, f.name, value)
+    doc), in place, then checked; ``ValueError`` names the first one that cannot be."""
+    for f, hint, _ in _field_checks(type(settings)):
+        setattr(settings, f.name, _read(f, hint, getattr(settings, f.name)))
+    check_field_types(settings)
 
 
 def _read(f: Field[Any], hint: Any, value: Any) -> Any:
@@ -83,28 +84,36 @@ def _admits(hint: Any, kind: type) -> bool:
     return any((typing.get_origin(option) or option) is kind for option in _options(hint))
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is of the annotation's type (a dict's or list's items too)."""
-    for option in _options(hint):
-        origin, args = typing.get_origin(option) or option, typing.get_args(option)
-        if option is Any:
-            return True
-        if option is type(None):
-            ok = value is None
-        elif origin is bool:
-            ok = isinstance(value, bool)
-        elif origin is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif origin is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        elif origin is dict:
-            ok = isinstance(value, dict) and all(
-                _matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items()
-            )
-        elif origin is list:
-            ok = isinstance(value, list) and all(_matches(item, args[0]) for item in value)
-        else:
-            ok = isinstance(value, origin)
-        if ok:
-            return True
-    return False
+def _checker(hint: Any) -> Check:
+    """A test of whether a value is of the annotation's type (a dict's or list's items too),
+    built once per field so that a check runs no ``typing`` calls."""
+    checks = [_option_checker(option) for option in _options(hint)]
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:  # X | None, the usual union
+        first, second = checks
+        return lambda value: first(value) or second(value)
+    return lambda value: any(check(value) for check in checks)
+
+
+def _option_checker(option: Any) -> Check:
+    origin, args = typing.get_origin(option) or option, typing.get_args(option)
+    if option is Any:
+        return lambda value: True
+    if option is type(None):
+        return lambda value: value is None
+    if origin is bool:
+        return lambda value: isinstance(value, bool)
+    if origin is int:
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
+    if origin is float:
+        return lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is dict:
+        key_ok, value_ok = _checker(args[0]), _checker(args[1])
+        return lambda value: (
+            isinstance(value, dict) and all(key_ok(k) and value_ok(v) for k, v in value.items())
+        )
+    if origin is list:
+        item_ok = _checker(args[0])
+        return lambda value: isinstance(value, list) and all(item_ok(item) for item in value)
+    return lambda value: isinstance(value, origin)
