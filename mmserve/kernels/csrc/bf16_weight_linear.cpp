@@ -142,7 +142,7 @@ void run(const float* x, const uint16_t* packed, const float* bias, float* out, 
 // waited for its panel from L2 and each block's first pass for its weights from memory
 // (medians of alternated runs, 2 AVX2 threads, the Qwen2-VL-2B shape's LM at 144 rows and
 // its vision tower at 256: 117-124 -> 137-146 and 111-123 -> 133-138 GFLOP/s, where the
-// pass alone in L1 ran 140-154 and the FMA units 182-185).
+// pass alone in L1 ran 128-154 and the FMA units 182-185).
 constexpr int64_t PREFETCH_K = 8;
 // acc[0, MR) += tile[k] * panel[k] for one column k.
 inline void panel_step(const uint16_t* tile, const float* panel, int64_t k, vf (*a)[2]) {
