@@ -43,6 +43,7 @@ HEADERS = [
     "mmserve/kernels/csrc/ops.h",
     "mmserve/kernels/csrc/paged_attention_kernels.h",
     "mmserve/kernels/csrc/paged_attention_launch.h",
+    "mmserve/kernels/csrc/paged_attention_prefill.h",
     "mmserve/kernels/csrc/simd.h",
 ]
 # -g0: no debug info (Python's CFLAGS ask for -g): a third less compile time, a 60x smaller .so

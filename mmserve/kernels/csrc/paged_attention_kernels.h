@@ -1,5 +1,5 @@
-// Inner loops of the paged attention kernel (see paged_attention.cpp), on simd.h's vectors: one
-// prefill tile (scores and softmax vectorized across query rows), one decode. Templated on the
+// Inner loops of the paged attention kernel (see paged_attention.cpp), on simd.h's vectors: what
+// a decode needs (the prefill tile is paged_attention_prefill.h's). Templated on the
 // element type T of q, the caches and out (float, c10::BFloat16, c10::Half): K/V are widened to
 // float as they are loaded, every score, softmax and accumulator is float, out is rounded once.
 #pragma once
@@ -26,9 +26,8 @@ using namespace mmserve_simd;
   void attend_decode<D, T>(const Args<T>&, const WorkItem&, int, Scratch<D>&);
 
 constexpr int KC = L;         // keys per chunk: one vector of scores
-constexpr int TILE_ROWS = 32; // query rows (positions x heads of a kv group) per prefill item
+constexpr int TILE_ROWS = 64; // query rows (positions x heads of a kv group) per prefill item
 constexpr int RB = 4;         // rows per register block in P @ V
-constexpr int TG = KC < 8 ? KC : 8;  // keys per register block in Q @ K^T
 constexpr float EXP_FLOOR = -87.3f;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
@@ -174,79 +173,6 @@ void write_out(const Args<T>& a, const WorkItem& w, int group, const float* acc,
       for (int d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[r * D + d] * inv);
     }
   }
-}
-
-// A tile of up to TILE_ROWS query rows: scores and softmax vectorized across rows.
-template <int D, typename T>
-void attend_tile(const Args<T>& a, const WorkItem& w, int group, Scratch<D>& s) {
-  constexpr int V = TILE_ROWS / L;
-  const int nq = w.q_end - w.q_begin;
-  const int rows = nq * group;
-  const int64_t row0 = a.query_start_loc[w.seq] + w.q_begin;
-  const int q_len = a.query_start_loc[w.seq + 1] - a.query_start_loc[w.seq];
-  const int first_pos = a.seq_lens[w.seq] - q_len + w.q_begin;
-  std::fill(s.qt, s.qt + D * TILE_ROWS, 0.f);
-  std::fill(s.acc, s.acc + D * TILE_ROWS, 0.f);
-  vi pos[V];
-  for (int r = 0; r < TILE_ROWS; ++r) {
-    pos[r / L][r % L] = r < rows ? first_pos + r / group : -1;
-    if (r >= rows) continue;
-    const T* src =
-        a.q + (row0 + r / group) * a.q_row_stride + (w.kv_head * group + r % group) * D;
-    for (int d = 0; d < D; ++d) s.qt[d * TILE_ROWS + r] = to_float(src[d]) * a.scale;
-  }
-  vf m[V], l[V];
-  for (int j = 0; j < V; ++j) m[j] = splat(NEG_INF), l[j] = vf{};
-  const int32_t* table = a.block_tables + w.seq * a.max_blocks;
-  const int n_keys = first_pos + nq;
-  KeyChunk<T> c;
-  for (int k0 = 0; k0 < n_keys; k0 += KC) {
-    gather_pointers<D, T>(a, table, w.kv_head, k0, std::min(KC, n_keys - k0), s.zeros, c);
-    for (int t0 = 0; t0 < KC; t0 += TG) {
-      vf sc[TG][V] = {};
-      for (int d = 0; d < D; ++d) {
-        vf qv[V];
-        for (int j = 0; j < V; ++j) qv[j] = load(s.qt + d * TILE_ROWS + j * L);
-        for (int t = 0; t < TG; ++t) {
-          const float kv = to_float(c.k[t0 + t][d]);
-          for (int j = 0; j < V; ++j) sc[t][j] += qv[j] * kv;
-        }
-      }
-      for (int t = 0; t < TG; ++t)
-        for (int j = 0; j < V; ++j) store(s.p + (t0 + t) * TILE_ROWS + j * L, sc[t][j]);
-    }
-    for (int j = 0; j < V; ++j) {
-      vf mx = splat(NEG_INF);
-      for (int t = 0; t < c.n; ++t) {
-        const vf x = load(s.p + t * TILE_ROWS + j * L);
-        mx = (k0 + t <= pos[j]) & (x > mx) ? x : mx;
-      }
-      const vf m_new = mx > m[j] ? mx : m[j];
-      const vf corr = m_new == NEG_INF ? splat(1.f) : vexp(m[j] - m_new);
-      vf sum{};
-      for (int t = 0; t < KC; ++t) {
-        float* pt = s.p + t * TILE_ROWS + j * L;
-        if (t >= c.n) {
-          store(pt, vf{});
-          continue;
-        }
-        const vf e = k0 + t <= pos[j] ? vexp(load(pt) - m_new) : vf{};
-        store(pt, e);
-        sum += e;
-      }
-      l[j] = l[j] * corr + sum;
-      m[j] = m_new;
-      for (int i = 0; i < L; ++i) {
-        if (corr[i] == 1.f) continue;
-        float* acc = s.acc + (j * L + i) * D;
-        for (int d = 0; d < D; ++d) acc[d] *= corr[i];
-      }
-    }
-    accumulate_pv<D, T>(c, s.p, TILE_ROWS, 1, s.acc, rows);
-  }
-  float lsum[TILE_ROWS];
-  for (int j = 0; j < V; ++j) store(lsum + j * L, l[j]);
-  write_out<D, T>(a, w, group, s.acc, lsum);
 }
 
 // One decode (a single query position): its group's few rows, one dot product per key;

@@ -5,12 +5,13 @@
 // raw pointers (Args).
 #pragma once
 
-#include "paged_attention_kernels.h"
+#include "paged_attention_prefill.h"
 
 #include <torch/csrc/stable/ops.h>  // parallel_for
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 namespace mmserve_attention {
@@ -50,6 +51,13 @@ inline std::vector<std::vector<WorkItem>> bin_items(std::vector<WorkItem> items,
     out[b].push_back(it);
     load[b] += it.cost;
   }
+  // Within a bin, the tiles of one sequence's kv head run one after another: they read the
+  // same keys and values, which then come from the core's cache, not memory.
+  for (auto& bin : out) {
+    std::sort(bin.begin(), bin.end(), [](const WorkItem& x, const WorkItem& y) {
+      return std::tie(x.seq, x.kv_head, x.q_begin) < std::tie(y.seq, y.kv_head, y.q_begin);
+    });
+  }
   return out;
 }
 
@@ -61,13 +69,14 @@ void run(const Args<T>& a, int64_t num_seqs) {
   const auto work = bin_items(plan(a, num_seqs), bins);
   torch::stable::parallel_for(0, bins, 1, [&](int64_t begin, int64_t end) {
     Scratch<D> scratch;
+    PrefillScratch<D> prefill;
     for (int64_t b = begin; b < end; ++b) {
       for (const auto& item : work[b]) {
         const bool decode = a.query_start_loc[item.seq + 1] - a.query_start_loc[item.seq] == 1;
         if (decode && group <= TILE_ROWS) {
           attend_decode<D, T>(a, item, group, scratch);
         } else {
-          attend_tile<D, T>(a, item, group, scratch);
+          attend_tile<D, T>(a, item, group, prefill);
         }
       }
     }
