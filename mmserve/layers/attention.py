@@ -21,7 +21,6 @@ from mmserve.layers.attention_masks import ImageRanges
 from mmserve.layers.attention_static import StaticDecodePlan, static_decode_attention
 from mmserve.layers.attention_torch import (
     TorchAttentionPlan,
-    is_decode_row,
     torch_paged_attention,
 )
 
@@ -41,11 +40,10 @@ class AttentionMetadata:
     the later keys of their own image (the scheduler never splits an image across steps).
     ``static_decode`` (decode steps at a fixed shape, ``worker.cuda_graphs``): every sequence
     has one query, and attention reads the plan's fixed key positions instead.
-    ``use_kernel``: every row goes to the CPU kernel (a step of decodes only);
-    ``kernel_decodes``: a step with prefill chunks sends its decode rows (one query after
-    earlier keys) to the kernel and the rest to the torch path's SDPA: measured alone on AVX2
-    (2 threads, 8 heads of 64), gather + masked SDPA beats the kernel from 32 rows a sequence
-    on (256 rows after 1,500 keys: 14 vs 35 ms), the kernel wins below ~16 rows.
+    ``use_kernel``: every row of the step goes to the CPU kernel in one call, prefill chunks and
+    decodes alike: it reads the keys in place, where the torch path gathers a copy of each
+    sequence's keys first (``benchmarks/prefill_attention.py``: the kernel 1.3-1.8x faster at
+    the served models' prefill shapes, AVX2, 2 threads).
     """
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of each scheduled token
@@ -59,9 +57,7 @@ class AttentionMetadata:
     image_ranges: list[ImageRanges] | None = None
     use_flex: bool = False
     static_decode: StaticDecodePlan | None = None
-    kernel_decodes: bool = False
     _torch_plan: TorchAttentionPlan | None = field(default=None, repr=False)
-    _decode_rows: DecodeRows | None = field(default=None, repr=False)
     _flex_plan: FlexAttentionPlan | None = field(default=None, repr=False)
 
     def torch_plan(self) -> TorchAttentionPlan:
@@ -73,15 +69,8 @@ class AttentionMetadata:
                 self.seq_lens_host,
                 self.block_size,
                 self.image_ranges,
-                decodes=not self.kernel_decodes,
             )
         return self._torch_plan
-
-    def decode_rows(self) -> DecodeRows:
-        """The step's decode rows as a batch of their own, built once for every layer."""
-        if self._decode_rows is None:
-            self._decode_rows = DecodeRows.build(self)
-        return self._decode_rows
 
     def flex_plan(self, num_slots: int) -> FlexAttentionPlan:
         """The flex backend's block mask for this step, built once and shared by every layer."""
@@ -95,34 +84,6 @@ class AttentionMetadata:
                 num_slots,
             )
         return self._flex_plan
-
-
-@dataclass
-class DecodeRows:
-    """The decode rows of a mixed step (one query after earlier keys), as the kernel takes a
-    batch: their rows of the flat batch, and their sequences' block tables and key counts."""
-
-    flat_rows: torch.Tensor  # [D] long
-    block_tables: torch.Tensor  # [D, max_blocks] int32
-    query_start_loc: torch.Tensor  # [D + 1] int32: 0, 1, ..., D
-    seq_lens: torch.Tensor  # [D] int32
-
-    @classmethod
-    def build(cls, meta: AttentionMetadata) -> DecodeRows:
-        sequences, flat_rows, offset = [], [], 0
-        for b, (n, total) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=True)):
-            if is_decode_row(n, total):
-                sequences.append(b)
-                flat_rows.append(offset)
-            offset += n
-        device = meta.block_tables.device
-        picked = torch.tensor(sequences, dtype=torch.long, device=device)
-        return cls(
-            torch.tensor(flat_rows, dtype=torch.long, device=device),
-            meta.block_tables.index_select(0, picked),
-            torch.arange(len(sequences) + 1, dtype=torch.int32, device=device),
-            meta.seq_lens.index_select(0, picked),
-        )
 
 
 class PagedKVCache:
@@ -246,16 +207,7 @@ def paged_attention(
         assert sliding_window is None and meta.image_ranges is None
         return flex_paged_attention(k_cache, v_cache, q, meta.flex_plan(k_cache.shape[0]), scale)
     plan = meta.torch_plan()
-    out = torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)
-    if meta.kernel_decodes:
-        assert sliding_window is None and meta.image_ranges is None
-        rows = meta.decode_rows()
-        tables, starts, lens = rows.block_tables, rows.query_start_loc, rows.seq_lens
-        q_rows = q[rows.flat_rows]
-        out[rows.flat_rows] = _kernel(
-            q_rows, k_cache, v_cache, tables, starts, lens, scale, meta.block_size
-        )
-    return out
+    return torch_paged_attention(k_cache, v_cache, q, k, v, plan, scale, sliding_window)
 
 
 def _kernel(

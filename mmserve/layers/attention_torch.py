@@ -15,7 +15,7 @@ from mmserve.layers.attention_masks import ImageRanges, decode_window, prefill_m
 
 def is_decode_row(query_len: int, seq_len: int) -> bool:
     """Whether a sequence's rows in a step are a decode: one query after earlier keys. Such rows
-    attend in one batched call (this path's padded SDPA, or the CPU kernel)."""
+    attend in one batched call (this path's padded SDPA)."""
     return query_len == 1 and seq_len > 1
 
 
@@ -97,10 +97,7 @@ class TorchAttentionPlan:
         seq_lens: list[int],
         bs: int,
         image_ranges: list[ImageRanges] | None = None,
-        decodes: bool = True,
     ) -> TorchAttentionPlan:
-        """``decodes``: False leaves the decode rows (one query after earlier keys) out of the
-        plan, for the CPU kernel to attend (``AttentionMetadata.kernel_decodes``)."""
         device = block_tables.device
         prefills: list[PrefillSegment] = []
         decode_idx: list[int] = []
@@ -112,9 +109,6 @@ class TorchAttentionPlan:
             slots = block_tables[row, pos // bs] * bs + pos % bs
             start = total - n
             if is_decode_row(n, total):
-                if not decodes:
-                    offset += n
-                    continue
                 decode_idx.append(offset)
                 decode_slots.append(slots)
                 decode_lens.append(total)

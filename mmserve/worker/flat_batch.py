@@ -23,7 +23,6 @@ import torch
 
 from mmserve.core.outputs import SchedulerOutput
 from mmserve.layers.attention import AttentionMetadata
-from mmserve.layers.attention_torch import is_decode_row
 from mmserve.worker.encoder_runner import EncoderRunner
 from mmserve.worker.request_state import RequestState
 
@@ -106,8 +105,6 @@ class FlatBatchBuilder:
         bs = self.block_size
         slot_mapping = block_tables[row, pos // bs] * bs + pos % bs
         dev = self.device
-        kernel = self.attention_backend == "cpu-kernel"
-        has_decodes = any(map(is_decode_row, query_lens, seq_lens))
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev),
             query_start_loc=query_start_loc.to(dev, torch.int32),
@@ -116,8 +113,7 @@ class FlatBatchBuilder:
             block_size=bs,
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
-            use_kernel=kernel and max(query_lens) == 1,
-            kernel_decodes=kernel and max(query_lens) > 1 and has_decodes,
+            use_kernel=self.attention_backend == "cpu-kernel",
             use_flex=self.attention_backend == "flex",
             image_ranges=image_ranges,
         )
