@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace mmserve_attention {
@@ -38,10 +39,20 @@ struct PrefillScratch {
   }
 };
 
+// Which of a chunk's keys [k0, k0 + n) rows see: row r sits at first_pos + r / group and sees
+// keys up to it, so rows [0, r] together see the first keys_up_to(r) keys of the chunk. Blocks
+// of rows stop there: the keys past a block's last row are masked, not computed.
+struct Diagonal {
+  int first_pos, group, k0, n;
+  int keys_up_to(int row) const {
+    return std::max(0, std::min(n, first_pos + row / group - k0 + 1));
+  }
+};
+
 // Keys and values [k0, k0 + n) of one kv head, widened to float rows of the scratch; rows up to
 // the next multiple of SCORE_KEYS are zero.
 template <int D, typename T>
-__attribute__((noinline)) void load_chunk(const Args<T>& a, const int32_t* table, int kv_head, int k0, int n,
+inline void load_chunk(const Args<T>& a, const int32_t* table, int kv_head, int k0, int n,
                        PrefillScratch<D>& s) {
   const int64_t stride = a.num_kv_heads * D;
   int64_t block = k0 / a.block_size, offset = k0 % a.block_size;
@@ -61,7 +72,7 @@ __attribute__((noinline)) void load_chunk(const Args<T>& a, const int32_t* table
 
 // S[t][rows r0..r0+BLOCK_ROWS) for the chunk's keys t < n (whole blocks of SCORE_KEYS).
 template <int D>
-__attribute__((noinline)) void chunk_scores(const PrefillScratch<D>& s, int r0, int n) {
+inline void chunk_scores(const PrefillScratch<D>& s, int r0, int n) {
   for (int t0 = 0; t0 < n; t0 += SCORE_KEYS) {
     vf acc[SCORE_KEYS][ROW_VECTORS] = {};
     const float* kt = s.k + t0 * D;
@@ -118,10 +129,12 @@ inline void outputs_rows(const PrefillScratch<D>& s, int r0, int n) {
 
 // The same for rows [0, rows): blocks of OUT_ROWS, then the rest in one smaller block.
 template <int D>
-inline void chunk_outputs(const PrefillScratch<D>& s, int rows, int n) {
+inline void chunk_outputs(const PrefillScratch<D>& s, int rows, const Diagonal& diag) {
   static_assert(OUT_ROWS == 6, "the rest below is 1 to 5 rows");
   int r = 0;
-  for (; r + OUT_ROWS <= rows; r += OUT_ROWS) outputs_rows<D, OUT_ROWS>(s, r, n);
+  for (; r + OUT_ROWS <= rows; r += OUT_ROWS)
+    outputs_rows<D, OUT_ROWS>(s, r, diag.keys_up_to(r + OUT_ROWS - 1));
+  const int n = diag.keys_up_to(rows - 1);
   switch (rows - r) {
     case 5: outputs_rows<D, 5>(s, r, n); break;
     case 4: outputs_rows<D, 4>(s, r, n); break;
@@ -179,12 +192,15 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, PrefillScratch<
   std::fill(s.qt, s.qt + D * TILE_ROWS, 0.f);
   std::fill(s.o, s.o + D * TILE_ROWS, 0.f);
   vi pos[V];
+  const T* q_rows[TILE_ROWS];
   for (int r = 0; r < TILE_ROWS; ++r) {
     pos[r / L][r % L] = r < rows ? first_pos + r / group : -1;
-    if (r >= rows) continue;
-    const T* src =
-        a.q + (row0 + r / group) * a.q_row_stride + (w.kv_head * group + r % group) * D;
-    for (int d = 0; d < D; ++d) s.qt[d * TILE_ROWS + r] = to_float(src[d]) * a.scale;
+    q_rows[r] = a.q + (row0 + r / group) * a.q_row_stride + (w.kv_head * group + r % group) * D;
+  }
+  const float scale = a.scale;
+  for (int d = 0; d < D; ++d) {  // rows inner: contiguous stores (d inner stored 256 B apart)
+    float* qt = s.qt + d * TILE_ROWS;
+    for (int r = 0; r < rows; ++r) qt[r] = to_float(q_rows[r][d]) * scale;
   }
   vf m[V], l[V];
   for (int j = 0; j < V; ++j) m[j] = splat(NEG_INF), l[j] = vf{};
@@ -193,10 +209,16 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, PrefillScratch<
   for (int k0 = 0; k0 < n_keys; k0 += PREFILL_KEYS) {
     const int n = std::min(PREFILL_KEYS, n_keys - k0);
     load_chunk<D, T>(a, table, w.kv_head, k0, n, s);
-    for (int b = 0; b < blocks; ++b) chunk_scores<D>(s, b * BLOCK_ROWS, n);
-    const bool masked = k0 + n - 1 > first_pos;  // padding rows need no mask: their q is 0
+    const Diagonal diag{first_pos, group, k0, n};
+    for (int b = 0; b < blocks; ++b) {
+      const int last_row = std::min(rows, (b + 1) * BLOCK_ROWS) - 1;
+      chunk_scores<D>(s, b * BLOCK_ROWS, diag.keys_up_to(last_row));
+    }
+    // the softmax masks the keys past each row (their scores were not computed), so padding
+    // rows, whose q is 0, need no mask
+    const bool masked = k0 + n - 1 > first_pos;
     chunk_softmax<D>(s, k0, n, masked, pos, m, l, vectors);
-    chunk_outputs<D>(s, rows, n);
+    chunk_outputs<D>(s, rows, diag);
   }
   float lsum[TILE_ROWS];
   for (int j = 0; j < V; ++j) store(lsum + j * L, l[j]);
@@ -204,8 +226,15 @@ void attend_tile(const Args<T>& a, const WorkItem& w, int group, PrefillScratch<
     for (int g = 0; g < group; ++g) {
       const int r = i * group + g;
       T* dst = a.out + ((row0 + i) * a.num_heads + w.kv_head * group + g) * D;
-      const float inv = 1.f / lsum[r];
-      for (int d = 0; d < D; ++d) dst[d] = static_cast<T>(s.o[r * D + d] * inv);
+      const vf inv = splat(1.f / lsum[r]);
+      if constexpr (std::is_same_v<T, float>) {
+        for (int d = 0; d < D; d += L) store(dst + d, load(s.o + r * D + d) * inv);
+      } else {
+        for (int d = 0; d < D; d += L) {
+          const vf x = load(s.o + r * D + d) * inv;
+          for (int e = 0; e < L; ++e) dst[d + e] = static_cast<T>(x[e]);
+        }
+      }
     }
   }
 }
