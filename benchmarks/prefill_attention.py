@@ -1,6 +1,6 @@
-"""Prefill attention over the paged KV cache: mmserve's CPU kernel (every row of the step in one
-call, keys read in place) against the torch path (each sequence's keys gathered into a copy,
-then SDPA with a causal or offset-causal mask), at the shapes of the models mmserve serves.
+"""Prefill (and decode) attention over the paged KV cache: mmserve's CPU kernel (every row of
+the step in one call, keys read in place) against the torch path (each sequence's keys gathered
+into a copy, then SDPA with a causal or offset-causal mask), at the shapes of served models.
 
 Each case is one layer's attention of one step: ``seqs`` of (keys after the step, query rows
 this step), the step's own keys written to the cache first (both paths). The paths alternate
@@ -29,6 +29,8 @@ CASES: dict[str, tuple[int, int, int, int, list[tuple[int, int]]]] = {
     "Qwen2-VL-2B LM, fresh 1,000": (12, 2, 128, 16, [(1000, 1000)]),
     "SmolLM2-135M, 522 after 1,376": (9, 3, 64, 16, [(1898, 522)]),
     "SmolLM2-135M, chunk of 64 after 1,500": (9, 3, 64, 16, [(1564, 64)]),
+    "toy LM, decode step of 64 sequences of 330": (8, 4, 64, 16, [(330, 1)] * 64),
+    "Qwen2-VL-2B LM, decode step of 8 of 900": (12, 2, 128, 16, [(900, 1)] * 8),
 }
 
 

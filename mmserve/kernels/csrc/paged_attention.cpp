@@ -8,11 +8,12 @@
 // positions, so row i of a sequence with L = seq_lens[b] keys and n queries sits at position
 // L - n + i and attends keys 0..L - n + i. The step's own K/V must already be in the cache.
 //
-// Work is split into items (sequence, kv head, and for prefills a tile of positions: up to 32
+// Work is split into items (sequence, kv head, and for prefills a tile of positions: up to 64
 // query rows, all query heads of the kv head's group together), binned across threads by
-// estimated cost. Each item runs an online softmax over chunks of L keys (one vector of
-// simd.h; flash-attention style) with float32 accumulators; prefill tiles vectorize scores and
-// softmax across query rows, decodes take one dot product per key.
+// estimated cost, each bin's items of one sequence's kv head in a row. Each item runs an online
+// softmax over chunks of keys (flash-attention style) with float32 accumulators: prefill tiles
+// in GEMM-like register blocks with query rows as lanes (paged_attention_prefill.h), decodes
+// one dot product per key (paged_attention_decode.cpp).
 #include "ops.h"
 #include "paged_attention_launch.h"
 

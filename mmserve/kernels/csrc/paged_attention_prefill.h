@@ -3,7 +3,7 @@
 // online softmax. Query rows are the vector lanes throughout, so both products are GEMM-like
 // register blocks of broadcast-FMAs and the softmax is whole-vector ops:
 //   scores  S[t][r] = sum_d Qt[d][r] * K[t][d]     (2 vectors of rows x SCORE_KEYS keys)
-//   output  O[r][d] += sum_t P[t][r] * V[t][d]     (OUT_ROWS rows x up to 2 vectors of dims)
+//   output  O[r][d] += sum_t P[t][r] * V[t][d]     (OUT_ROWS rows x OUT_VECTORS vectors of dims)
 // Each chunk's keys and values are first widened to float into the scratch, so the blocks read
 // contiguous float rows whatever the cache's element type.
 #pragma once
@@ -21,7 +21,7 @@ constexpr int ROW_VECTORS = 2;                    // vectors of rows per registe
 constexpr int BLOCK_ROWS = ROW_VECTORS * L;       // query rows per register block
 constexpr int SCORE_KEYS = L == 16 ? 12 : 6;      // keys per register block of S
 constexpr int OUT_ROWS = 6;                       // query rows per register block of O
-constexpr int OUT_VECTORS = L == 16 ? 4 : 2;      // vectors of head dims per block of O (most)
+constexpr int OUT_VECTORS = L == 16 ? 4 : 2;      // vectors of head dims per block of O (at most)
 constexpr int PREFILL_KEYS = 8 * SCORE_KEYS;      // keys per chunk
 static_assert(TILE_ROWS % BLOCK_ROWS == 0, "a tile is whole register blocks");
 
@@ -31,11 +31,11 @@ struct PrefillScratch {
   float *qt, *o, *p, *k, *v;
   PrefillScratch()
       : buf(static_cast<size_t>(D) * TILE_ROWS * 2 + (PREFILL_KEYS * (TILE_ROWS + 2 * D))) {
-    qt = buf.data();                  // [D][TILE_ROWS]: the tile's scaled queries
-    o = qt + D * TILE_ROWS;           // [TILE_ROWS][D]: unnormalized outputs
-    p = o + D * TILE_ROWS;           // [PREFILL_KEYS][TILE_ROWS]: scores, then probabilities
-    k = p + PREFILL_KEYS * TILE_ROWS; // [PREFILL_KEYS][D]: the chunk's keys as float
-    v = k + PREFILL_KEYS * D;         // [PREFILL_KEYS][D]: its values
+    qt = buf.data();                   // [D][TILE_ROWS]: the tile's scaled queries
+    o = qt + D * TILE_ROWS;            // [TILE_ROWS][D]: unnormalized outputs
+    p = o + D * TILE_ROWS;             // [PREFILL_KEYS][TILE_ROWS]: scores, then probabilities
+    k = p + PREFILL_KEYS * TILE_ROWS;  // [PREFILL_KEYS][D]: the chunk's keys as float
+    v = k + PREFILL_KEYS * D;          // [PREFILL_KEYS][D]: its values
   }
 };
 
