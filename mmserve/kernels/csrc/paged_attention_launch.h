@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -69,14 +70,14 @@ void run(const Args<T>& a, int64_t num_seqs) {
   const auto work = bin_items(plan(a, num_seqs), bins);
   torch::stable::parallel_for(0, bins, 1, [&](int64_t begin, int64_t end) {
     Scratch<D> scratch;
-    PrefillScratch<D> prefill;
+    std::optional<PrefillScratch<D>> prefill;  // built for a bin's first prefill tile
     for (int64_t b = begin; b < end; ++b) {
       for (const auto& item : work[b]) {
         const bool decode = a.query_start_loc[item.seq + 1] - a.query_start_loc[item.seq] == 1;
         if (decode && group <= TILE_ROWS) {
           attend_decode<D, T>(a, item, group, scratch);
         } else {
-          attend_tile<D, T>(a, item, group, prefill);
+          attend_tile<D, T>(a, item, group, prefill ? *prefill : prefill.emplace());
         }
       }
     }
