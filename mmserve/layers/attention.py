@@ -42,8 +42,7 @@ class AttentionMetadata:
     has one query, and attention reads the plan's fixed key positions instead.
     ``use_kernel``: every row of the step goes to the CPU kernel in one call, prefill chunks and
     decodes alike: it reads the keys in place, where the torch path gathers a copy of each
-    sequence's keys first (``benchmarks/prefill_attention.py``: the kernel 1.3-1.8x faster at
-    the served models' prefill shapes, AVX2, 2 threads).
+    sequence's keys first (measured in docs/devices.md, "Attention backends").
     """
 
     slot_mapping: torch.Tensor  # [T] long: cache slot of each scheduled token
