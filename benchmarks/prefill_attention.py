@@ -5,7 +5,8 @@ into a copy, then SDPA with a causal or offset-causal mask), at the shapes of se
 Each case is one layer's attention of one step: ``seqs`` of (keys after the step, query rows
 this step), the step's own keys written to the cache first (both paths). The paths alternate
 within each of ``--rounds`` rounds; the table gives each path's median (min-max) ms and the
-GFLOP/s of the causal attention it computes (4 * query heads * head_dim per visible key).
+GFLOP/s of the causal attention it computes (4 * query heads * head_dim per visible key) and
+the rate of reading the step's keys and values once (what bounds a decode).
 Run as root on a quiet machine after ``echo -20 > /proc/self/autogroup``:
 
     python benchmarks/prefill_attention.py --rounds 9
@@ -31,6 +32,10 @@ CASES: dict[str, tuple[int, int, int, int, list[tuple[int, int]]]] = {
     "SmolLM2-135M, chunk of 64 after 1,500": (9, 3, 64, 16, [(1564, 64)]),
     "toy LM, decode step of 64 sequences of 330": (8, 4, 64, 16, [(330, 1)] * 64),
     "Qwen2-VL-2B LM, decode step of 8 of 900": (12, 2, 128, 16, [(900, 1)] * 8),
+    "Qwen2-VL-2B LM, decode of 1 of 900": (12, 2, 128, 16, [(900, 1)]),
+    "SmolLM2-135M, decode of 1 of 300": (9, 3, 64, 16, [(300, 1)]),
+    "SmolLM2-135M, decode of 1 of 1,900": (9, 3, 64, 16, [(1900, 1)]),
+    "SmolLM2-135M, decode step of 8 of 1,900": (9, 3, 64, 16, [(1900, 1)] * 8),
 }
 
 
@@ -87,14 +92,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--cases", default="", help="run only the cases whose name has this text")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     print(f"{args.threads} threads, {args.dtype}")
-    print("| case | path | ms | GFLOP/s |\n|---|---|---|---|")
+    print("| case | path | ms | GFLOP/s | K/V read once, GB/s |\n|---|---|---|---|---|")
     for name, case in CASES.items():
-        heads, _, head_dim, _, seqs = case
+        if args.cases not in name:
+            continue
+        heads, kv_heads, head_dim, _, seqs = case
         flops = 4 * heads * head_dim * visible_keys(seqs)
+        kv_bytes = 2 * kv_heads * head_dim * dtype.itemsize * sum(total for total, _ in seqs)
         paths = {"kernel": build(case, True, dtype), "gather + SDPA": build(case, False, dtype)}
         times: dict[str, list[float]] = {p: [] for p in paths}
         for run in paths.values():
@@ -108,7 +117,7 @@ def main() -> None:
             med = statistics.median(ts)
             print(
                 f"| {name} | {path} | {med * 1e3:.2f} ({min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f})"
-                f" | {flops / med / 1e9:.0f} |"
+                f" | {flops / med / 1e9:.0f} | {kv_bytes / med / 1e9:.1f} |"
             )
 
 

@@ -63,6 +63,8 @@ BATCHES = {
     "fresh prefills": [(40, 40), (17, 17), (1, 1)],
     "continued chunks": [(70, 33), (16, 16), (95, 2)],
     "mixed step": [(129, 1), (50, 50), (200, 64), (3, 1), (33, 17)],
+    # decodes over many chunks of keys, at and around powers of two
+    "long decodes": [(1000, 1), (256, 1), (128, 1), (129, 1), (1, 1)],
 }
 
 
@@ -167,6 +169,34 @@ def test_every_built_variant_matches_the_reference(variant):
     )
     expected = naive_attention(q, k_cache, v_cache, table, qsl, lens, block_size, 0.125)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_a_decode_has_the_same_bits_alone_beside_others_and_on_one_thread():
+    """The kernel's result for a sequence depends on that sequence only: not on the step's other
+    sequences nor on the thread count (so a greedy output does not change with the batch). A
+    split of a decode's keys that depended on the step (flash-decoding sized to the threads)
+    would break this."""
+    kernel = paged_attention_kernel()
+    assert kernel is not None, unavailable_reason()
+    seqs, block_size = [(300, 1), (700, 1), (50, 20), (90, 1)], 16
+    num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
+    table, qsl, lens, _ = build_batch(seqs, block_size, num_blocks, seed=5)
+    gen = torch.Generator().manual_seed(4)
+    k_cache = torch.randn(num_blocks * block_size, 3, 64, generator=gen)
+    v_cache = torch.randn(num_blocks * block_size, 3, 64, generator=gen)
+    q = torch.randn(int(qsl[-1]), 9, 64, generator=gen)
+    args = (table.int(), qsl.int(), lens.int(), 0.125, block_size)
+    beside = kernel(q, k_cache, v_cache, *args)
+    one_row = torch.tensor([0, 1], dtype=torch.int32)
+    alone = kernel(q[1:2], k_cache, v_cache, table[1:2].int(), one_row, lens[1:2].int(), 0.125, 16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one_thread = kernel(q, k_cache, v_cache, *args)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone[0], beside[1])
+    assert torch.equal(one_thread, beside)
 
 
 def test_auto_fallback_on_cpu_float32_is_logged(caplog):
