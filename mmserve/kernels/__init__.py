@@ -116,9 +116,12 @@ def cpu_kernels_apply(*tensors: torch.Tensor) -> bool:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     dtype = tensors[0].dtype
-    return dtype in kernel_dtypes() and all(
-        t.device.type == "cpu" and t.dtype == dtype and t.is_contiguous() for t in tensors
-    )
+    if dtype not in kernel_dtypes():
+        return False
+    for t in tensors:  # a loop, not all(genexpr): this runs a few times per layer and step
+        if not t.is_cpu or t.dtype != dtype or not t.is_contiguous():
+            return False
+    return True
 
 
 def small_batch_linear_kernel() -> tuple[Callable[..., torch.Tensor], int] | None:

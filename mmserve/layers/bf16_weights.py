@@ -59,7 +59,7 @@ def bf16_linear(
         return x.new_empty(*x.shape[:-1], n)
     ops = cpu_ops()
     assert ops is not None
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # the LM's rows are 2-D already
     tiles, k, tile = packed.shape
     if flat.shape[0] >= UNPACK_ROWS and tiles * tile * k * 4 <= UNPACK_BYTES:
         widened = torch.empty(k, tiles * tile)
@@ -68,4 +68,4 @@ def bf16_linear(
         out = torch.mm(flat, weight_t) if bias is None else torch.addmm(bias, flat, weight_t)
     else:
         out = ops.bf16_weight_linear(flat, packed, bias, n)
-    return out.reshape(*x.shape[:-1], n)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)

@@ -27,7 +27,7 @@ class StackedLinear(Linear):
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """This layer's output cut into the shards' outputs (views)."""
-        return out.split(self.split_sizes, dim=-1)
+        return out.split_with_sizes(self.split_sizes, dim=-1)
 
     def checkpoint_rows(self, module_name: str) -> dict[str, tuple[str, slice]]:
         """Checkpoint parameter name -> (this module's parameter name, the shard's rows)."""
