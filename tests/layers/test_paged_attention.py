@@ -147,6 +147,18 @@ def test_kernel_rejects_out_of_range_blocks_and_other_head_dims():
         )
 
 
+def random_step(seqs: list[tuple[int, int]], heads: int, kv_heads: int, seed: int):
+    """Random q and a random head_dim-64 cache (block size 16) for ``build_batch(seqs)``."""
+    block_size = 16
+    num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
+    table, qsl, lens, _ = build_batch(seqs, block_size, num_blocks, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    k_cache = torch.randn(num_blocks * block_size, kv_heads, 64, generator=gen)
+    v_cache = torch.randn(num_blocks * block_size, kv_heads, 64, generator=gen)
+    q = torch.randn(int(qsl[-1]), heads, 64, generator=gen)
+    return q, k_cache, v_cache, table, qsl, lens
+
+
 @pytest.mark.parametrize("variant", ["avx512", "avx2", "generic"])
 def test_every_built_variant_matches_the_reference(variant):
     """Each instruction-set build this CPU can run (the loader only picks the widest; an
@@ -157,13 +169,8 @@ def test_every_built_variant_matches_the_reference(variant):
     if importlib.util.find_spec(f"mmserve.kernels._C_{variant}") is None:
         pytest.skip(f"the {variant} build was not asked for (MMSERVE_KERNEL_VARIANTS)")
     ops = load_variant(variant)
-    seqs, block_size = BATCHES["mixed step"], 16
-    num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
-    table, qsl, lens, slots = build_batch(seqs, block_size, num_blocks, seed=3)
-    gen = torch.Generator().manual_seed(2)
-    k_cache = torch.randn(num_blocks * block_size, 2, 64, generator=gen)
-    v_cache = torch.randn(num_blocks * block_size, 2, 64, generator=gen)
-    q = torch.randn(int(qsl[-1]), 8, 64, generator=gen)
+    block_size = 16
+    q, k_cache, v_cache, table, qsl, lens = random_step(BATCHES["mixed step"], 8, 2, seed=3)
     out = ops.paged_attention(
         q, k_cache, v_cache, table.int(), qsl.int(), lens.int(), 0.125, block_size
     )
@@ -178,13 +185,9 @@ def test_a_decode_has_the_same_bits_alone_beside_others_and_on_one_thread():
     would break this."""
     kernel = paged_attention_kernel()
     assert kernel is not None, unavailable_reason()
-    seqs, block_size = [(300, 1), (700, 1), (50, 20), (90, 1)], 16
-    num_blocks = sum(-(-total // block_size) for total, _ in seqs) + 3
-    table, qsl, lens, _ = build_batch(seqs, block_size, num_blocks, seed=5)
-    gen = torch.Generator().manual_seed(4)
-    k_cache = torch.randn(num_blocks * block_size, 3, 64, generator=gen)
-    v_cache = torch.randn(num_blocks * block_size, 3, 64, generator=gen)
-    q = torch.randn(int(qsl[-1]), 9, 64, generator=gen)
+    block_size = 16
+    seqs = [(300, 1), (700, 1), (50, 20), (90, 1)]
+    q, k_cache, v_cache, table, qsl, lens = random_step(seqs, 9, 3, seed=5)
     args = (table.int(), qsl.int(), lens.int(), 0.125, block_size)
     beside = kernel(q, k_cache, v_cache, *args)
     one_row = torch.tensor([0, 1], dtype=torch.int32)
