@@ -180,9 +180,8 @@ def test_every_built_variant_matches_the_reference(variant):
 
 def test_a_decode_has_the_same_bits_alone_beside_others_and_on_one_thread():
     """The kernel's result for a sequence depends on that sequence only: not on the step's other
-    sequences nor on the thread count (so a greedy output does not change with the batch). A
-    split of a decode's keys that depended on the step (flash-decoding sized to the threads)
-    would break this."""
+    sequences nor on the thread count. A split of a decode's keys that depended on the step
+    (flash-decoding sized to the threads) would break this."""
     kernel = paged_attention_kernel()
     assert kernel is not None, unavailable_reason()
     block_size = 16
@@ -191,7 +190,9 @@ def test_a_decode_has_the_same_bits_alone_beside_others_and_on_one_thread():
     args = (table.int(), qsl.int(), lens.int(), 0.125, block_size)
     beside = kernel(q, k_cache, v_cache, *args)
     one_row = torch.tensor([0, 1], dtype=torch.int32)
-    alone = kernel(q[1:2], k_cache, v_cache, table[1:2].int(), one_row, lens[1:2].int(), 0.125, 16)
+    alone = kernel(
+        q[1:2], k_cache, v_cache, table[1:2].int(), one_row, lens[1:2].int(), 0.125, block_size
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
