@@ -19,7 +19,13 @@ from mmserve.engine.setup.dtype import choose_dtype, log_dtype_choice
 from mmserve.engine.setup.generation_defaults import load_generation_defaults
 from mmserve.engine_args import EngineArgs
 from mmserve.graph_config import DecodeGraphConfig
-from mmserve.layers.linear import use_bf16_weights, use_packed_float32, use_small_batch_kernel
+from mmserve.layers.linear import (
+    onednn_half_dtypes,
+    use_bf16_weights,
+    use_packed_float32,
+    use_packed_half,
+    use_small_batch_kernel,
+)
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.checkpoint.loader import materialize
 from mmserve.models.interface import VisionLanguageModel
@@ -166,7 +172,10 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
     model = cast(VisionLanguageModel, module)
     model.load_weights(model_config.path)
     model.eval()
-    use_small_batch_kernel(module)  # decode-sized half-precision matmuls on CPU
+    packed_half = use_packed_half(module, onednn_half_dtypes())  # native half dtypes: oneDNN
+    use_small_batch_kernel(module)  # other decode-sized half-precision matmuls on CPU
+    if packed_half:
+        logger.info("half-precision linear layers: %d on oneDNN-packed weights", packed_half)
     kept = use_bf16_weights(module)  # float32 weights that are bfloat16 values: kept so
     packed = use_packed_float32(module)  # other float32 weights on CPU: oneDNN's packing
     if kept or packed:
