@@ -41,6 +41,8 @@ from mmserve.kernels.cpu_features import native_half_dtypes
 from mmserve.layers.bf16_weights import BF16_WEIGHTS_ENV_VAR, bf16_linear, pack_bf16_exact
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+# Called with a dense weight a packed copy replaced, which nothing reads any more.
+Release = Callable[[torch.Tensor], object]
 PACK_ROWS = 4  # the batch size oneDNN lays packed float32 weights out for (module doc)
 
 
@@ -111,7 +113,9 @@ def onednn_half_dtypes() -> frozenset[torch.dtype]:
     return frozenset(dtype for dtype in native if supported.get(dtype, False))
 
 
-def use_packed_half(model: nn.Module, dtypes: frozenset[torch.dtype]) -> int:
+def use_packed_half(
+    model: nn.Module, dtypes: frozenset[torch.dtype], release: Release | None = None
+) -> int:
     """Prepack for oneDNN the weight of every CPU ``Linear`` of ``model`` whose weight (and bias)
     has a dtype of ``dtypes`` (``onednn_half_dtypes()`` at load), and drop its dense copy unless
     an embedding shares it; returns how many (see the module doc)."""
@@ -132,11 +136,11 @@ def use_packed_half(model: nn.Module, dtypes: frozenset[torch.dtype]) -> int:
             weight.detach().contiguous(), PACK_ROWS
         )
         packed += 1
-        _drop_dense_copy(module, shared)
+        _drop_dense_copy(module, shared, release)
     return packed
 
 
-def use_packed_float32(model: nn.Module) -> int:
+def use_packed_float32(model: nn.Module, release: Release | None = None) -> int:
     """Prepack the float32 weight of every CPU ``Linear`` of ``model`` for oneDNN (see the
     module doc) and drop its dense copy unless an embedding shares it; returns how many. 0
     where torch has no oneDNN."""
@@ -156,11 +160,11 @@ def use_packed_float32(model: nn.Module) -> int:
             weight.detach().contiguous(), PACK_ROWS
         )
         packed += 1
-        _drop_dense_copy(module, shared)
+        _drop_dense_copy(module, shared, release)
     return packed
 
 
-def use_bf16_weights(model: nn.Module) -> int:
+def use_bf16_weights(model: nn.Module, release: Release | None = None) -> int:
     """Keep the float32 weight of every CPU ``Linear`` of ``model`` as packed bfloat16 where
     all its values are bfloat16 values (and its bias, if any, is float32); returns how many.
     0 without the kernels or with ``MMSERVE_BF16_WEIGHTS=0``. A weight an embedding shares
@@ -184,15 +188,18 @@ def use_bf16_weights(model: nn.Module) -> int:
             continue
         module.bf16_packed = packed
         kept += 1
-        _drop_dense_copy(module, shared)
+        _drop_dense_copy(module, shared, release)
     return kept
 
 
-def _drop_dense_copy(module: Linear, shared: set[int]) -> None:
+def _drop_dense_copy(module: Linear, shared: set[int], release: Release | None) -> None:
     """Replace a packed module's weight with a one-element stand-in of its shape, dtype and
-    device (what model code reads of it), unless an embedding's lookups read it (``shared``)."""
+    device (what model code reads of it), unless an embedding's lookups read it (``shared``);
+    ``release`` gets the dropped weight (the loader gives back its mapped pages)."""
     weight = module.weight
     if id(weight) in shared:
         return
     stand_in = weight.new_zeros(1).expand(weight.shape)  # no storage of its own
     module.weight = nn.Parameter(stand_in, requires_grad=False)
+    if release is not None:
+        release(weight.detach())

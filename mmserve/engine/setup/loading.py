@@ -28,6 +28,7 @@ from mmserve.layers.linear import (
 )
 from mmserve.layers.rotary import RotaryEmbedding
 from mmserve.models.checkpoint.loader import materialize
+from mmserve.models.checkpoint.safetensors_file import release_mapped_pages
 from mmserve.models.interface import VisionLanguageModel
 from mmserve.models.registry import resolve_architecture
 from mmserve.models.tiny import resolve_model_path
@@ -172,12 +173,15 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
     model = cast(VisionLanguageModel, module)
     model.load_weights(model_config.path)
     model.eval()
-    packed_half = use_packed_half(module, onednn_half_dtypes())  # native half dtypes: oneDNN
+    # A packed layer's weight mapped from the checkpoint gives its pages back as it is dropped,
+    # or they would stay resident beside the packed copy.
+    release = release_mapped_pages
+    packed_half = use_packed_half(module, onednn_half_dtypes(), release)  # native half: oneDNN
     use_small_batch_kernel(module)  # other decode-sized half-precision matmuls on CPU
     if packed_half:
         logger.info("half-precision linear layers: %d on oneDNN-packed weights", packed_half)
-    kept = use_bf16_weights(module)  # float32 weights that are bfloat16 values: kept so
-    packed = use_packed_float32(module)  # other float32 weights on CPU: oneDNN's packing
+    kept = use_bf16_weights(module, release)  # float32 weights holding bfloat16 values
+    packed = use_packed_float32(module, release)  # other float32 weights on CPU: oneDNN
     if kept or packed:
         logger.info(
             "float32 linear layers: %d keep their bfloat16 values as bfloat16 (float32"

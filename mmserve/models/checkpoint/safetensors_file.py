@@ -5,12 +5,14 @@ Why mapping and reads are split this way is the loader's business
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import math
 import mmap
 import os
 import struct
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +34,41 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
 }
+
+
+# The file mappings views were taken of, while any view lives: (first byte's address, length,
+# the mapping). Weak, so that a mapping goes when its last view does.
+_LIVE_MAPS: list[tuple[int, int, weakref.ref[mmap.mmap]]] = []
+
+
+def _register(mapping: mmap.mmap) -> None:
+    _LIVE_MAPS[:] = [entry for entry in _LIVE_MAPS if entry[2]() is not None]
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    _LIVE_MAPS.append((base, len(mapping), weakref.ref(mapping)))
+
+
+def release_mapped_pages(tensor: torch.Tensor) -> int:
+    """Take out of the resident set the pages of a checkpoint mapping that lie wholly inside
+    ``tensor``'s bytes; returns how many bytes that was (0 for memory that is no mapping's).
+
+    For a mapped weight nothing reads any more, e.g. one a packed copy replaced. Reading the
+    view again still gives the file's values (the pages come back from the file), but a write
+    to it made before is lost, so the caller must hold that nothing will read it. Pages shared
+    with a neighbouring tensor stay."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    for base, length, ref in _LIVE_MAPS:
+        mapping = ref()
+        if mapping is None or not base <= start < base + length:
+            continue
+        page = mmap.PAGESIZE
+        first = -(-(start - base) // page) * page
+        last = (min(end, base + length) - base) // page * page
+        if last <= first:
+            return 0
+        mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
+        return last - first
+    return 0
 
 
 class SafetensorsFile:
@@ -91,6 +128,7 @@ class SafetensorsFile:
             return None
         if self._map is None:
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
+            _register(self._map)
         flat = torch.frombuffer(self._map, dtype=dtype, count=(end - start) // dtype.itemsize,
                                 offset=offset)  # fmt: skip
         return flat.view(shape)
