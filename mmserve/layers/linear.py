@@ -119,25 +119,7 @@ def use_packed_half(
     """Prepack for oneDNN the weight of every CPU ``Linear`` of ``model`` whose weight (and bias)
     has a dtype of ``dtypes`` (``onednn_half_dtypes()`` at load), and drop its dense copy unless
     an embedding shares it; returns how many (see the module doc)."""
-    if not dtypes:
-        return 0
-    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    packed = 0
-    for module in model.modules():
-        if not isinstance(module, Linear) or module.packed is not None:
-            continue
-        weight, bias = module.weight, module.bias
-        if weight.dtype not in dtypes or weight.device.type != "cpu":
-            continue
-        if bias is not None and bias.dtype != weight.dtype:
-            continue
-        module.small_batch, module.small_batch_rows = None, 0
-        module.packed = torch.ops.mkldnn._reorder_linear_weight(
-            weight.detach().contiguous(), PACK_ROWS
-        )
-        packed += 1
-        _drop_dense_copy(module, shared, release)
-    return packed
+    return _pack_for_onednn(model, dtypes, release) if dtypes else 0
 
 
 def use_packed_float32(model: nn.Module, release: Release | None = None) -> int:
@@ -146,16 +128,25 @@ def use_packed_float32(model: nn.Module, release: Release | None = None) -> int:
     where torch has no oneDNN."""
     if not torch.backends.mkldnn.is_available():
         return 0
+    return _pack_for_onednn(model, frozenset({torch.float32}), release)
+
+
+def _pack_for_onednn(
+    model: nn.Module, dtypes: frozenset[torch.dtype], release: Release | None
+) -> int:
+    """``packed`` for every CPU ``Linear`` of ``model`` not packed yet (either way) whose weight
+    and bias have a dtype of ``dtypes``; returns how many."""
     shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     packed = 0
     for module in model.modules():
-        if not isinstance(module, Linear) or module.small_batch is not None:
+        if not isinstance(module, Linear) or module.packed is not None:
             continue
-        if module.bf16_packed is not None:
+        weight, bias = module.weight, module.bias
+        if module.bf16_packed is not None or weight.device.type != "cpu":
             continue
-        weight = module.weight
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        if weight.dtype not in dtypes or (bias is not None and bias.dtype != weight.dtype):
             continue
+        module.small_batch, module.small_batch_rows = None, 0
         module.packed = torch.ops.mkldnn._reorder_linear_weight(
             weight.detach().contiguous(), PACK_ROWS
         )
