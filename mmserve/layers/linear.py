@@ -2,12 +2,14 @@
 torch's GEMM, except on CPU.
 
 - Half-precision weights on a CPU that computes their dtype natively (AVX-512 BF16 or AMX) are
-  prepacked once for oneDNN, and every row count runs the packed product. On the Qwen2-VL-2B
-  shape's language-model weights (2 threads, AMD EPYC with ``avx512_bf16``, bfloat16, medians of
-  3 passes over 0.75 GB of weights) it read 27-32 / 28 / 38 / 30 GB/s at 1 / 2 / 4 / 8 rows,
-  where the small-batch kernel read 29-30 / 22 / 15 / 9 and ``F.linear`` 16-20 / - / 18 / 15;
-  and it ran 317 / 412 / 443 GFLOP/s at 16 / 64 / 256 rows against ``F.linear``'s 214 / 343 /
-  419.
+  prepacked once for oneDNN, and every row count runs the packed product. On 8 layers of the
+  Qwen2-VL-2B shape's language-model weights (0.75 GB, bfloat16, 2 threads, AMD EPYC with
+  ``avx512_bf16``; two scratch runs, each the median of 3 passes in one process) it read 27-32 /
+  28 / 38 / 25-30 GB/s at 1 / 2 / 4 / 8 rows, where the small-batch kernel read 29-30 / 22 / 15 /
+  9 and ``F.linear`` 20 / - / 18 / 17; at 16 / 64 / 256 rows it ran 317 / 412 / 443 GFLOP/s
+  against ``F.linear``'s 214 / 343 / 419. In the engine at that shape (3 alternated fresh
+  processes per build, 24 tokens) decode went from 7.0-7.9 to 7.5-9.5 tok/s at batch 1 and
+  from 2.5-2.7 to 6.0-7.3 tok/s a sequence at batch 8.
 - Elsewhere, decode-sized inputs in half precision run mmserve's small-batch kernel, which reads
   the weights at close to memory speed (torch's bfloat16 matmul streams a 1-row input's weights
   at half of it, and an 8-row input's at a tenth, one row after another).
