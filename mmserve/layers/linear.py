@@ -6,7 +6,7 @@ torch's GEMM, except on CPU.
   Qwen2-VL-2B shape's language-model weights (0.75 GB, bfloat16, 2 threads, AMD EPYC with
   ``avx512_bf16``; two scratch runs, each the median of 3 passes in one process) it read 27-32 /
   28 / 38 / 25-30 GB/s at 1 / 2 / 4 / 8 rows, where the small-batch kernel read 29-30 / 22 / 15 /
-  9 and ``F.linear`` 20 / - / 18 / 17; at 16 / 64 / 256 rows it ran 317 / 412 / 443 GFLOP/s
+  9 and ``F.linear`` 16-20 / - / 18 / 15-17; at 16 / 64 / 256 rows it ran 317 / 412 / 443 GFLOP/s
   against ``F.linear``'s 214 / 343 / 419. In the engine at that shape (3 alternated fresh
   processes per build, 24 tokens) decode went from 7.0-7.9 to 7.5-9.5 tok/s at batch 1 and
   from 2.5-2.7 to 6.0-7.3 tok/s a sequence at batch 8.
