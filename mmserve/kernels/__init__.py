@@ -3,7 +3,8 @@
 ``cpu_ops()`` is the kernels' ops for this CPU (of the instruction-set variants it runs,
 ``variants.py``, the widest one the install built: ``paged_attention``, ``rms_norm``,
 ``add_rms_norm``, ``rotary_embedding``, in the dtypes of ``kernel_dtypes()``;
-``small_batch_linear`` in bfloat16/float16), or None;
+``small_batch_linear`` in bfloat16/float16; ``dense_attention_bf16`` where the CPU has AVX-512
+BF16, ``dense_attention_bf16_kernel``), or None;
 ``unavailable_reason()`` says why not.
 ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off (the pure-torch paths run instead).
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from mmserve.kernels.cpu_features import cpu_flags
 from mmserve.kernels.variants import ENV_VAR, ops_namespace, runnable_variants
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class KernelOps:
         self.bf16_weight_pack: Callable[..., int] = ops.bf16_weight_pack.default
         self.bf16_weight_unpack: Callable[..., None] = ops.bf16_weight_unpack.default
         self.bf16_weight_tile_rows = int(ops.bf16_weight_tile_rows())
+        self.dense_attention_bf16: Callable[..., torch.Tensor] = ops.dense_attention_bf16.default
         self.head_dims = tuple(int(d) for d in ops.supported_head_dims())
         self.dtypes = tuple(getattr(torch, name) for name in ops.supported_dtypes())
 
@@ -129,3 +132,13 @@ def small_batch_linear_kernel() -> tuple[Callable[..., torch.Tensor], int] | Non
     bfloat16/float16 CPU tensors (decode steps), or None without a kernel."""
     ops, _ = _load()
     return None if ops is None else (ops.small_batch_linear, ops.small_batch_linear_max_rows)
+
+
+def dense_attention_bf16_kernel() -> Callable[..., torch.Tensor] | None:
+    """``dense_attention_bf16(q, k, v, scale)``: attention over every key for bfloat16
+    ``[batch, seq, heads, head_dim]`` CPU tensors (the last dim contiguous, head_dim even and at
+    most 128), or None: it needs the AVX-512 build and a CPU with AVX-512 BF16."""
+    ops, _ = _load()
+    if ops is None or ops.variant != "avx512" or "avx512_bf16" not in cpu_flags():
+        return None
+    return ops.dense_attention_bf16

@@ -44,6 +44,8 @@ STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
   // the tiles widened back to float32 and transposed: [in, tiles x tile]
   m.def("bf16_weight_unpack(Tensor packed, Tensor(a!) out) -> ()");
   m.def("bf16_weight_tile_rows() -> int");
+  // attention over every key for bfloat16 [batch, seq, heads, head_dim] (dense_attention_bf16.cpp)
+  m.def("dense_attention_bf16(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
@@ -55,6 +57,7 @@ STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
   m.impl("bf16_weight_linear", TORCH_BOX(&bf16_weight_linear));
   m.impl("bf16_weight_pack", TORCH_BOX(&bf16_weight_pack));
   m.impl("bf16_weight_unpack", TORCH_BOX(&bf16_weight_unpack));
+  m.impl("dense_attention_bf16", TORCH_BOX(&dense_attention_bf16));
 }
 
 // the ops without a tensor argument, which no device key dispatches

@@ -85,3 +85,7 @@ Tensor bf16_weight_linear(const Tensor& x, const Tensor& packed, const std::opti
 int64_t bf16_weight_pack(const Tensor& weight, const Tensor& out);
 void bf16_weight_unpack(const Tensor& packed, const Tensor& out);
 int64_t bf16_weight_tile_rows();
+
+// softmax(q k^T * scale) v over every key, bfloat16 [batch, seq, heads, head_dim] (the last dim
+// contiguous; head_dim even, at most 128), on AVX-512 BF16 (dense_attention_bf16.cpp).
+Tensor dense_attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale);

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 
+from mmserve.layers.dense_attention import dense_attention
 from mmserve.layers.fused_linear import StackedLinear
 from mmserve.layers.linear import Linear
 
@@ -86,9 +86,9 @@ class CLIPAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
         qkv = self.qkv_proj(x).view(batch, seq, 3, self.num_heads, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, heads, seq, head_dim]
-        out = F.scaled_dot_product_attention(q, k, v)  # no mask: torch's CPU flash kernel
-        return self.out_proj(out.transpose(1, 2).reshape(batch, seq, dim))
+        q, k, v = qkv.unbind(2)  # [B, seq, heads, head_dim]
+        out = dense_attention(q, k, v)  # no mask
+        return self.out_proj(out.reshape(batch, seq, dim))
 
 
 def quick_gelu_(x: torch.Tensor) -> torch.Tensor:

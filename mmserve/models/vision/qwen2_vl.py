@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmserve.layers.dense_attention import dense_attention
 from mmserve.layers.linear import Linear
 from mmserve.models.vision.clip import VisionMLP
 
@@ -70,9 +71,9 @@ class VisionAttention(nn.Module):
         outs, start = [], 0
         for count, length in segments:
             rows = slice(start, start + count * length)
-            q_, k_, v_ = (t[rows].view(count, length, heads, hd).transpose(1, 2) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(q_, k_, v_)  # [count, heads, length, hd]
-            outs.append(o.transpose(1, 2).reshape(count * length, heads * hd))
+            q_, k_, v_ = (t[rows].view(count, length, heads, hd) for t in (q, k, v))
+            o = dense_attention(q_, k_, v_)  # [count, length, heads, hd]
+            outs.append(o.reshape(count * length, heads * hd))
             start = rows.stop
         return self.proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
