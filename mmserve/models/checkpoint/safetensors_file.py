@@ -54,7 +54,10 @@ def release_mapped_pages(tensor: torch.Tensor) -> int:
     For a mapped weight nothing reads any more, e.g. one a packed copy replaced. Reading the
     view again still gives the file's values (the pages come back from the file), but a write
     to it made before is lost, so the caller must hold that nothing will read it. Pages shared
-    with a neighbouring tensor stay."""
+    with a neighbouring tensor stay, and so does a tensor that is not contiguous (its bytes
+    are not one span)."""
+    if not tensor.is_contiguous():
+        return 0
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     for base, length, ref in _LIVE_MAPS:
