@@ -20,6 +20,11 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 _compiled: dict[str, Callable[..., Any]] = {}
 
+# Always flex's main Triton template. With BACKEND "AUTO", a step of fewer than 128 query rows
+# (decode, a short chunk) lowers to its decoding template, which found no valid config for
+# these shapes on an H200 (torch 2.11: NoValidChoicesError on a 96-token chunk in float32).
+_KERNEL_OPTIONS = {"BACKEND": "TRITON"}
+
 
 def _flex(device: torch.device) -> Callable[..., Any]:
     if device.type != "cuda":
@@ -95,5 +100,6 @@ def flex_paged_attention(
             block_mask=plan.block_mask,
             scale=scale,
             enable_gqa=True,
+            kernel_options=_KERNEL_OPTIONS,
         )
     return out[0].transpose(0, 1)
