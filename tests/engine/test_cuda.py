@@ -52,7 +52,8 @@ def test_qwen_float32_on_cuda_is_token_identical_to_transformers_there(model, im
 
 
 def test_bfloat16_auto_on_cuda_agrees_with_transformers_on_the_first_tokens(images) -> None:
-    llm = LLM("tiny-llava", device="cuda")  # dtype auto: bfloat16 on CUDA
+    # dtype given: under --device cuda the suite's default (MMSERVE_DTYPE) is float32
+    llm = LLM("tiny-llava", device="cuda", dtype="auto")  # auto: bfloat16 on CUDA
     assert llm.engine.config.model.dtype == "bfloat16"
     ref = llava_ref(torch.bfloat16)
     out = llm.generate({"prompt": LLAVA_PROMPT, "images": [images[0]]}, GREEDY)[0]

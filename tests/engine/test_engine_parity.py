@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmserve import LLM, SamplingParams
-from tests.support.engine import assert_no_leaks
+from tests.support.engine import assert_no_leaks, attention_backends
 
 MAX_NEW = 32
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)
@@ -26,7 +26,7 @@ def check_parity(llm: LLM, reference, cases: list[tuple[str, list]]) -> None:
     assert_no_leaks(llm)
 
 
-BACKENDS = ["cpu-kernel", "torch"]
+BACKENDS = attention_backends()
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

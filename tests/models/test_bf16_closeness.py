@@ -21,6 +21,7 @@ from mmserve.bench.lib.closeness import (
 )
 from tests.conftest import Reference, make_image
 from tests.models.test_qwen2_vl import QwenReference, chat_prompt
+from tests.support.engine import attention_backends
 
 MAX_NEW = 16
 TOP = 5
@@ -51,7 +52,7 @@ def llava_reference() -> Reference:
     return ref
 
 
-@pytest.mark.parametrize("backend", ["cpu-kernel", "torch"])
+@pytest.mark.parametrize("backend", attention_backends())
 def test_tiny_llava_in_bf16_is_close_to_transformers_in_bf16(
     backend: str, llava_reference: Reference, images: list
 ) -> None:

@@ -10,6 +10,12 @@ def engine_device() -> str:
     return os.environ.get("MMSERVE_DEVICE", "cpu")
 
 
+def attention_backends() -> list[str]:
+    """The attention backends an engine on this run's device serves with: the CPU kernel and
+    torch's on CPU, torch's and flex on CUDA (the CPU kernel refuses a CUDA device)."""
+    return ["cpu-kernel", "torch"] if engine_device() == "cpu" else ["torch", "flex"]
+
+
 def assert_no_leaks(llm) -> None:
     metrics = llm.get_metrics()
     assert metrics["kv_blocks_used"] == 0, metrics
