@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
+from mmserve.engine.setup.loading import load_image_processor
 from mmserve.models.tiny import resolve_model_path
 from tests.support.engine import engine_device
 
@@ -17,7 +18,10 @@ class Reference:
 
         path = resolve_model_path(model_name)
         self.device = engine_device()
-        self.processor = AutoProcessor.from_pretrained(path)
+        # The PIL image processor, the one the engine reproduces: where torchvision is installed
+        # (the GPU image), AutoProcessor picks the torchvision one, whose resize differs.
+        pil = load_image_processor(path, {})
+        self.processor = AutoProcessor.from_pretrained(path, image_processor=pil)
         self.model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
         self.model.to(self.device).eval()
 

@@ -30,6 +30,8 @@ class HFInputs:
     ) -> None:
         from transformers import AutoProcessor, AutoTokenizer
 
+        from mmserve.engine.setup.loading import load_image_processor
+
         kwargs = dict(processor_kwargs or {})
         self.architecture = architecture
         if architecture in QWEN_VL:
@@ -46,8 +48,9 @@ class HFInputs:
 
             self.processor = load_onevision_processor(path)  # AutoProcessor needs torchvision
             self.tokenizer = self.processor.tokenizer
-        else:
-            self.processor = AutoProcessor.from_pretrained(path, **kwargs)
+        else:  # the PIL image processor, as the engine's (AutoProcessor picks torchvision's)
+            pil = load_image_processor(path, kwargs)
+            self.processor = AutoProcessor.from_pretrained(path, image_processor=pil)
             self.tokenizer = self.processor.tokenizer
 
     def __call__(self, prompt: str, images: list[Image.Image]) -> dict[str, torch.Tensor]:
