@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from mmserve.bench.cli import main as bench_main
-from mmserve.bench.gpu.measure import TTFT_RUN, TURNS_SEED
+from mmserve.bench.gpu.measure import FOLLOWUP_SEED, TTFT_RUN, TURNS_SEED
 from mmserve.bench.lib.engines.vllm_baseline import ImageDir
 from mmserve.bench.lib.images import png_bytes
 from mmserve.bench.lib.workloads import Spec
@@ -50,6 +50,11 @@ def test_each_engine_ran_every_round_in_its_own_process(tiny_run: dict[str, Any]
     for key in ("ttft_s", "decode_b1_tok_s", "decode_b3_tok_s", "reuse_0_req_s", "reuse_30_req_s"):
         assert mmserve[key] > 0, key
     assert len(mmserve["multiturn_ttft_s"]) == 2
+    # the chat about one image: its image is encoded on turn 1 only, and turn 2 reads turn 1's
+    # tokens from the prefix cache
+    assert mmserve["followup_images_encoded"] == [1, 0]
+    assert mmserve["followup_cached_tokens"][1] > 0
+    assert len(runs["transformers"][0]["followup_ttft_s"]) == 2
     assert mmserve["reuse_0_images_encoded"] == 3
     assert "reuse_0_req_s" not in runs["transformers"][0]  # one by one: only on request
     assert mmserve["cuda_graphs"]["mode"] == "off"  # the CPU default: eager decode
@@ -77,6 +82,7 @@ def test_table_rows_show_medians_ranges_and_limits(tiny_run: dict[str, Any]) -> 
     row = next(line for line in table.splitlines() if line.startswith("| TTFT"))
     assert f"({min(ttft):.3g}-{max(ttft):.3g})" in row
     assert "read bandwidth" in table and "chat TTFT, turn 2" in table
+    assert "chat about one image, TTFT turn 2" in table
 
 
 def record(engine_runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -175,6 +181,9 @@ def test_vllm_gets_the_prompts_and_images_mmserve_gets(tmp_path: Path) -> None:
     assert Path(payload["conversation"][1]["image"]).read_bytes() == png_bytes(
         TURNS_SEED + 1, (160, 120)
     )
+    followup = payload["followup"]
+    assert Path(followup[0]["image"]).read_bytes() == png_bytes(FOLLOWUP_SEED, (160, 120))
+    assert [turn["image"] for turn in followup[1:]] == [None]
     assert sorted(payload["reuse"]) == ["0", "30"] and len(payload["reuse"]["30"]) == 3
     assert payload["dtype"] == "float32" and payload["decode_batches"] == [1, 3]
 

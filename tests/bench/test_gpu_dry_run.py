@@ -81,6 +81,10 @@ def test_both_engines_are_benchmarked_with_sane_numbers(dry_run) -> None:
     # the encoder cache at work: one new image per turn, each distinct image once
     assert bench["mmserve"]["multiturn_images_encoded"] == [1] * DRY_RUN.turns
     assert bench["transformers"]["multiturn_images_encoded"] == list(range(1, DRY_RUN.turns + 1))
+    # the chat about one image: mmserve encodes it once, transformers on every turn
+    later = DRY_RUN.turns - 1
+    assert bench["mmserve"]["followup_images_encoded"] == [1] + [0] * later
+    assert bench["transformers"]["followup_images_encoded"] == [1] * DRY_RUN.turns
     distinct = distinct_images(reuse_specs(requests, 0.3, grouped=False, seed=0))
     assert distinct < requests
     assert bench["mmserve"]["reuse_30_images_encoded"] == distinct

@@ -85,9 +85,11 @@ BENCH = {
     "dtype": "bfloat16", "params": 2_200_000_000, "lm_params": 1_500_000_000,
     "mmserve": {"load_s": 4.0, "ttft_s": 0.05, "decode_b1_tok_s": 300.0,
                 "decode_b32_tok_s": 6000.0, "prompt_tokens_one_image": 700,
-                "multiturn_ttft_s": [0.05, 0.04], "reuse_30_req_s": 20.0},
+                "multiturn_ttft_s": [0.05, 0.04], "followup_ttft_s": [0.05, 0.01],
+                "reuse_30_req_s": 20.0},
     "transformers": {"load_s": 6.0, "ttft_s": 0.1, "decode_b1_tok_s": 30.0,
-                     "multiturn_ttft_s": [0.1, 0.2], "reuse_30_req_s": 2.0},
+                     "multiturn_ttft_s": [0.1, 0.2], "followup_ttft_s": [0.1, 0.08],
+                     "reuse_30_req_s": 2.0},
 }  # fmt: skip
 LIMITS = {"bandwidth_gb_s": 3000.0, "bf16_matmul_tflop_s": 800.0, "matmul_size": 8192}
 
@@ -119,3 +121,4 @@ def test_the_markdown_puts_each_number_beside_transformers_and_its_limit() -> No
     assert "| decode tok/s, batch 1 | 300 | 30 | 10x | 1e+03 | 30 |" in text
     assert "| decode tok/s, batch 32 | 6e+03 | – | –x | 3.2e+04 | 18.8 |" in text
     assert "| multi-turn TTFT, turn 2 (s) | 0.04 | 0.2 | 5x | – | – |" in text
+    assert "| chat about one image, TTFT, turn 2 (s) | 0.01 | 0.08 | 8x | – | – |" in text

@@ -13,6 +13,8 @@ on:
   and ``decode_steps``, the steps they ran during the decode measurement);
 - ``multiturn_ttft_s``: TTFT of each turn of one chat that adds a new image per turn
   (``bench multiturn``'s conversation);
+- ``followup_ttft_s``: the same for a chat about one image (turn 1's), text questions after;
+  with ``followup_images_encoded`` and ``followup_cached_tokens`` (prefix-cache hits) per turn;
 - ``reuse_{P}_req_s``: ``reuse_requests`` requests submitted at once, P % repeating an earlier
   image and prefix (``bench reuse``'s workload; transformers serves them one by one).
 """
@@ -44,6 +46,7 @@ from mmserve.bench.reuse.engines import run_mmserve
 from mmserve.bench.reuse.workload import Workload
 
 WARMUP_RUN, TTFT_RUN, TURNS_SEED, REUSE_RUN = 21, 22, 230_000, 24  # image seeds of their own
+FOLLOWUP_SEED = 240_000
 
 
 def _decode_rate(batch: int, tokens: int, last_first_token: float, end: float) -> float:
@@ -125,13 +128,21 @@ def measure_transformers(
 
 
 def _multiturn(runner: Any, profile: Profile) -> dict[str, Any]:
-    rows = run_conversation(
-        runner, profile.turns, profile.resolution, profile.answer_tokens, TURNS_SEED
-    )
-    return {
-        "multiturn_ttft_s": [r["ttft_s"] for r in rows],
-        "multiturn_images_encoded": [r["images_encoded"] for r in rows],
-    }
+    """Both chats: a new image every turn (``multiturn_*``), then one image and text follow-ups
+    (``followup_*``)."""
+    out: dict[str, Any] = {}
+    for prefix, seed, new_images in (
+        ("multiturn", TURNS_SEED, True),
+        ("followup", FOLLOWUP_SEED, False),
+    ):
+        rows = run_conversation(
+            runner, profile.turns, profile.resolution, profile.answer_tokens, seed, new_images
+        )
+        out[f"{prefix}_ttft_s"] = [r["ttft_s"] for r in rows]
+        out[f"{prefix}_images_encoded"] = [r["images_encoded"] for r in rows]
+        if not new_images:
+            out[f"{prefix}_cached_tokens"] = [r["cached_tokens"] for r in rows]
+    return out
 
 
 def _reuse(engine: LLM | HFReference, work: Workload, profile: Profile) -> dict[str, Any]:

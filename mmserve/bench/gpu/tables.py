@@ -73,12 +73,14 @@ def bench_rows(bench: dict[str, Any], limits: dict[str, Any] | None) -> list[str
             f"| {label} | {_num(a)} | {_num(b)} | {_num(speedup)}x | {_num(bound)} | "
             f"{_num(of_limit * 100 if of_limit else None)} |"
         )
-    turns = zip_longest(ours.get("multiturn_ttft_s", []), theirs.get("multiturn_ttft_s", []))
-    for turn, (a, b) in enumerate(turns, start=1):
-        lines.append(
-            f"| multi-turn TTFT, turn {turn} (s) | {_num(a)} | {_num(b)} | "
-            f"{_num(b / a if a and b else None)}x | – | – |"
-        )
+    for key, label in (("multiturn_ttft_s", "multi-turn TTFT"),
+                       ("followup_ttft_s", "chat about one image, TTFT")):  # fmt: skip
+        turns = zip_longest(ours.get(key, []), theirs.get(key, []))
+        for turn, (a, b) in enumerate(turns, start=1):
+            lines.append(
+                f"| {label}, turn {turn} (s) | {_num(a)} | {_num(b)} | "
+                f"{_num(b / a if a and b else None)}x | – | – |"
+            )
     return lines
 
 

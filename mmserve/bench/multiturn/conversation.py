@@ -1,6 +1,7 @@
 """One multi-turn image chat per engine and round: every turn adds a new image and a short
 question and sends the whole history; each round's conversation runs on a fresh engine, warmed
-up on other images."""
+up on other images. ``run_conversation(..., new_images=False)`` is the other common chat: one
+image on turn 1, then text follow-up questions about it (``bench real``'s follow-up rows)."""
 
 from __future__ import annotations
 
@@ -26,22 +27,31 @@ def question(turn: int) -> str:
     return f"What changed in picture {turn + 1}?"
 
 
+def followup_question(turn: int) -> str:
+    """Turn ``turn``'s question of the chat about one image."""
+    return "What is in the picture?" if turn == 0 else f"Tell me more, detail {turn}."
+
+
 def run_conversation(
-    runner: Any, turns: int, resolution: str | tuple[int, int], answer_tokens: int, seed0: int
+    runner: Any,
+    turns: int,
+    resolution: str | tuple[int, int],
+    answer_tokens: int,
+    seed0: int,
+    new_images: bool = True,
 ) -> list[dict[str, Any]]:
-    """One conversation; every turn sends the whole history (images as PNG bytes)."""
+    """One conversation; every turn sends the whole history (images as PNG bytes).
+    ``new_images``: a new image every turn (image ``seed0 + turn``), else image ``seed0`` on
+    turn 1 and text follow-ups (``followup_question``) after it."""
     messages: list[dict[str, Any]] = []
     rows = []
     for turn in tqdm(range(turns), desc=f"{runner.name} turns", leave=False):
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image", "image": png_bytes(seed0 + turn, resolution)},
-                    {"type": "text", "text": question(turn)},
-                ],
-            }
-        )
+        text = question(turn) if new_images else followup_question(turn)
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        if new_images or turn == 0:
+            image = {"type": "image", "image": png_bytes(seed0 + turn, resolution)}
+            content.insert(0, image)
+        messages.append({"role": "user", "content": content})
         result = runner.chat_turn(messages, answer_tokens)
         messages.append({"role": "assistant", "content": result.answer})
         rows.append({"turn": turn + 1, **vars(result)})

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from mmserve.bench.gpu.engines import parameter_counts, text_prompt, workload
-from mmserve.bench.gpu.measure import REUSE_RUN, TTFT_RUN, TURNS_SEED, WARMUP_RUN
+from mmserve.bench.gpu.measure import (
+    FOLLOWUP_SEED,
+    REUSE_RUN,
+    TTFT_RUN,
+    TURNS_SEED,
+    WARMUP_RUN,
+)
 from mmserve.bench.gpu.plan import Profile
 from mmserve.bench.lib.engines.runners import model_max_len, processor_kwargs_for
 from mmserve.bench.lib.engines.vllm_baseline import ImageDir, engine_args, run_worker, vllm_python
@@ -30,7 +36,7 @@ from mmserve.bench.lib.priority import apply_priority
 from mmserve.bench.lib.provenance import engine_versions
 from mmserve.bench.lib.report import save
 from mmserve.bench.lib.workloads import Spec, reuse_specs
-from mmserve.bench.multiturn.conversation import question
+from mmserve.bench.multiturn.conversation import followup_question, question
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.tables import render
 from mmserve.models.tiny import resolve_model_path
@@ -105,6 +111,10 @@ def vllm_payload(profile: Profile, model: str, images: ImageDir) -> dict[str, An
         "answer_tokens": profile.answer_tokens,
         "conversation": [
             {"image": images.path(TURNS_SEED + t), "text": question(t)} for t in turns
+        ],
+        "followup": [
+            {"image": images.path(FOLLOWUP_SEED) if t == 0 else None, "text": followup_question(t)}
+            for t in turns
         ],
         "reuse": reuse,
     }

@@ -56,10 +56,11 @@ def metric_rows(entry: dict[str, Any]) -> list[tuple[str, str, int | None, bool,
     for key in sorted(k for k in keys if DECODE_KEY.fullmatch(k) and "eager" not in k):
         batch = DECODE_KEY.fullmatch(key).group(1)  # type: ignore[union-attr]
         rows.append((f"decode tok/s, batch {batch}", key, None, False, 1.0))
-    turns = max((len(r.get("multiturn_ttft_s", [])) for rs in entry["runs"].values() for r in rs),
-                default=0)  # fmt: skip
-    for turn in range(turns):
-        rows.append((f"chat TTFT, turn {turn + 1}, s", "multiturn_ttft_s", turn, True, 1.0))
+    for key, label in (("multiturn_ttft_s", "chat TTFT, turn"),
+                       ("followup_ttft_s", "chat about one image, TTFT turn")):  # fmt: skip
+        turns = max((len(r.get(key, [])) for rs in entry["runs"].values() for r in rs), default=0)
+        for turn in range(turns):
+            rows.append((f"{label} {turn + 1}, s", key, turn, True, 1.0))
     for key in sorted((k for k in keys if k.startswith("reuse_") and k.endswith("_req_s")),
                       key=lambda k: int(k.split("_")[1])):  # fmt: skip
         rows.append((f"requests/s, {key.split('_')[1]} % image reuse", key, None, False, 1.0))

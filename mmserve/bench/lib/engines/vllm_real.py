@@ -6,8 +6,10 @@ the same way of vLLM.
 ``engine_args``, ``started`` (``time.time()`` just before this process was started) and the
 workload as ``vllm_worker.py`` takes it (prompt text, image PNG paths): ``text_prompt``,
 ``warmup`` and ``ttft`` requests, ``decode_batches`` / ``decode_tokens``, one ``conversation``
+(a new image per turn), one ``followup`` chat (an image on turn 1 only: ``image`` None after)
 and the ``reuse`` runs by percentage. OUT gets ``load_s`` (process start to the first token),
-``ttft_s``, ``decode_b{B}_tok_s``, ``multiturn_ttft_s``, ``reuse_{P}_req_s`` and ``peak_rss``.
+``ttft_s``, ``decode_b{B}_tok_s``, ``multiturn_ttft_s``, ``followup_ttft_s``,
+``reuse_{P}_req_s`` and ``peak_rss``.
 vLLM runs in-process and eager, with the environment the caller sets.
 """
 
@@ -51,9 +53,10 @@ def measure(cfg: dict[str, Any], model: str) -> dict[str, Any]:
         rate = decode_rate(llm, cfg["text_prompt"], batch, cfg["decode_tokens"])
         out[f"decode_b{batch}_tok_s"] = rate
     answer = SamplingParams(temperature=0, max_tokens=cfg["answer_tokens"], ignore_eos=True)
-    rows = run_conversation(llm, cfg["conversation"], answer, "chat")
-    out["multiturn_ttft_s"] = [r["ttft_s"] for r in rows]
-    out["multiturn_cached_tokens"] = [r["cached_tokens"] for r in rows]
+    for prefix, key in (("multiturn", "conversation"), ("followup", "followup")):
+        rows = run_conversation(llm, cfg.get(key, []), answer, prefix)
+        out[f"{prefix}_ttft_s"] = [r["ttft_s"] for r in rows]
+        out[f"{prefix}_cached_tokens"] = [r["cached_tokens"] for r in rows]
     for pct, requests in cfg["reuse"].items():
         result = run_requests(llm, requests, answer, "all", f"reuse{pct}")
         out[f"reuse_{pct}_req_s"] = len(requests) / result["wall_s"]

@@ -72,10 +72,11 @@ def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list
     meter = Meter()
     for n, turn in enumerate(turns):
         start = time.monotonic()
-        images.append(Image.open(turn["image"]).convert("RGB"))
-        conv.append(
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": turn["text"]}]}
-        )
+        content: list[dict] = [{"type": "text", "text": turn["text"]}]
+        if turn["image"] is not None:  # None: a text follow-up about the images before
+            images.append(Image.open(turn["image"]).convert("RGB"))
+            content.insert(0, {"type": "image"})
+        conv.append({"role": "user", "content": content})
         text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
         prompt = {"prompt": text, "multi_modal_data": {"image": list(images)}}
         first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
