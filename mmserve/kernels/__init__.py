@@ -41,6 +41,9 @@ class KernelOps:
         self.rms_norm: Callable[..., torch.Tensor] = ops.rms_norm.default
         self.add_rms_norm: Callable[..., torch.Tensor] = ops.add_rms_norm.default
         self.rotary_embedding: Callable[..., None] = ops.rotary_embedding.default
+        self.rotary_embedding_float: Callable[..., torch.Tensor] = (
+            ops.rotary_embedding_float.default
+        )
         self.small_batch_linear: Callable[..., torch.Tensor] = ops.small_batch_linear.default
         self.small_batch_linear_max_rows = int(ops.small_batch_linear_max_rows())
         self.bf16_weight_linear: Callable[..., torch.Tensor] = ops.bf16_weight_linear.default

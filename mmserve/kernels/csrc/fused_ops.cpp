@@ -1,7 +1,9 @@
 // Fused elementwise ops of the decoder layer: RMSNorm (optionally after the residual add) and
 // RoPE on the q and k heads of a fused qkv row in place. Each is one pass over memory instead of torch's 5-6.
+// And the vision towers' RoPE, computed in float32 and rounded once (rotary_embedding_float).
 //
-// float32, bfloat16 or float16 (every tensor of a call in one dtype). Rounding follows
+// float32, bfloat16 or float16 (every tensor of a call in one dtype but the float32 tables of
+// rotary_embedding_float). Rounding follows
 // transformers' ops where it can: the residual add and RoPE are computed in the same order
 // without contraction, each torch op's result rounded to the dtype as torch rounds it
 // (bit-identical); RMSNorm accumulates in float32 and differs only in the order in which the
@@ -72,6 +74,20 @@ __attribute__((optimize("fp-contract=off"))) void rotate_heads(T* x, int64_t hea
       x1[i] = static_cast<T>(rnd<T>(a * c1) - rnd<T>(b * s1));
       x2[i] = static_cast<T>(rnd<T>(b * c2) + rnd<T>(a * s2));
     }
+  }
+}
+
+// The vision towers' RoPE: widened to float32, x * cos + rotate_half(x) * sin in float32 (each
+// product and the sum rounded as torch's float32 ops round them), then rounded once to T, as
+// transformers' apply_rotary_pos_emb_vision does. s holds one half of the sin table (its two
+// halves are equal). Not inlined: inlined into the caller, GCC contracted it into FMAs.
+template <typename T>
+__attribute__((noinline, optimize("fp-contract=off"))) void rotate_head_float(
+    const T* x, T* out, int64_t half, const float* c, const float* s) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = static_cast<float>(x[i]), b = static_cast<float>(x[half + i]);
+    out[i] = static_cast<T>(a * c[i] - b * s[i]);
+    out[half + i] = static_cast<T>(b * c[half + i] + a * s[i]);
   }
 }
 
@@ -158,4 +174,31 @@ void rotary_embedding(const Tensor& x, int64_t heads, const Tensor& cos, const T
         rotate_heads(px + t * width, heads, dim, pc + t * dim, ps + t * dim);
     });
   });
+}
+
+Tensor rotary_embedding_float(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  MMSERVE_CHECK(x.is_cpu() && supported(x.scalar_type()) && x.dim() == 3 && x.stride(2) == 1,
+                "x must be a float32, bfloat16 or float16 CPU tensor [tokens, heads, head_dim] "
+                "with a contiguous last dim");
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  MMSERVE_CHECK(cos.scalar_type() == ScalarType::Float && sin.scalar_type() == ScalarType::Float &&
+                    cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
+                    sin.dim() == 2 && cos.size(0) == tokens && sin.size(0) == tokens &&
+                    cos.size(1) == dim && sin.size(1) == half && dim % 2 == 0,
+                "cos must be float32 [tokens, head_dim] and sin float32 [tokens, head_dim / 2]");
+  const Tensor out = mmserve::new_empty(x, {tokens, heads, dim});
+  const int64_t token_stride = x.stride(0), head_stride = x.stride(1);
+  dispatch(x.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* px = x.const_data_ptr<T>();
+    T* po = out.mutable_data_ptr<T>();
+    const float *pc = cos.const_data_ptr<float>(), *ps = sin.const_data_ptr<float>();
+    parallel_for(0, tokens, GRAIN_ROWS, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          rotate_head_float(px + t * token_stride + h * head_stride,
+                            po + (t * heads + h) * dim, half, pc + t * dim, ps + t * half);
+    });
+  });
+  return out;
 }

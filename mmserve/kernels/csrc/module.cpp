@@ -33,6 +33,8 @@ STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
   m.def("add_rms_norm(Tensor(a!) residual, Tensor delta, Tensor weight, float eps) -> Tensor");
   // RoPE (rotate-half form) on the first heads of each row, in place
   m.def("rotary_embedding(Tensor(a!) x, int heads, Tensor cos, Tensor sin) -> ()");
+  // the vision towers' RoPE in float32, rounded once: a new [tokens, heads, head_dim] tensor
+  m.def("rotary_embedding_float(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   // x @ weight.T + bias for 1 to small_batch_linear_max_rows() rows, bfloat16/float16
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("small_batch_linear_max_rows() -> int");
@@ -53,6 +55,7 @@ STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
   m.impl("rms_norm", TORCH_BOX(&rms_norm));
   m.impl("add_rms_norm", TORCH_BOX(&add_rms_norm));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
+  m.impl("rotary_embedding_float", TORCH_BOX(&rotary_embedding_float));
   m.impl("small_batch_linear", TORCH_BOX(&small_batch_linear));
   m.impl("bf16_weight_linear", TORCH_BOX(&bf16_weight_linear));
   m.impl("bf16_weight_pack", TORCH_BOX(&bf16_weight_pack));

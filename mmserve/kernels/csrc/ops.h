@@ -73,6 +73,9 @@ Tensor add_rms_norm(const Tensor& residual, const Tensor& delta, const Tensor& w
                     double eps);
 
 void rotary_embedding(const Tensor& x, int64_t heads, const Tensor& cos, const Tensor& sin);
+// The vision towers' RoPE of x [tokens, heads, head_dim] in float32 (cos [tokens, head_dim], sin
+// [tokens, head_dim / 2]), rounded once to x's dtype: a new contiguous tensor (fused_ops.cpp).
+Tensor rotary_embedding_float(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // The most rows of x small_batch_linear takes (a decode step's tokens).
 constexpr int64_t SMALL_BATCH_LINEAR_MAX_ROWS = 8;

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmserve.kernels import cpu_kernels_apply, cpu_ops, kernel_dtypes
 from mmserve.layers.dense_attention import dense_attention
 from mmserve.layers.linear import Linear
 from mmserve.models.vision.clip import VisionMLP
@@ -53,6 +54,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin_half: torch.Tensor) -> torch.
     return out
 
 
+def rotate_heads(x: torch.Tensor, cos: torch.Tensor, sin_half: torch.Tensor) -> torch.Tensor:
+    """``rotate`` of x [T, heads, head_dim] in float32, rounded once to x's dtype (transformers'
+    ``apply_rotary_pos_emb_vision``): the CPU kernel in one pass where it applies (x may be a
+    strided view of the fused qkv), else torch's ops."""
+    cos2, sin2 = cos.view(x.shape[0], -1), sin_half.view(x.shape[0], -1)
+    if (
+        cpu_kernels_apply(cos2, sin2)
+        and x.is_cpu
+        and x.dtype in kernel_dtypes()
+        and x.stride(-1) == 1
+        and not (torch.is_grad_enabled() and x.requires_grad)
+    ):
+        return cpu_ops().rotary_embedding_float(x, cos2, sin2)
+    return rotate(x.float(), cos, sin_half).to(x.dtype)
+
+
 class VisionAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
@@ -66,7 +83,7 @@ class VisionAttention(nn.Module):
         """``segments``: (count, length) runs of equal-length attention segments, in order."""
         n, heads, hd = x.shape[0], self.num_heads, self.head_dim
         qkv = self.qkv(x).view(n, 3, heads, hd)
-        qk = rotate(qkv[:, :2].reshape(n, 2 * heads, hd).float(), cos, sin).to(x.dtype)
+        qk = rotate_heads(qkv[:, :2].reshape(n, 2 * heads, hd), cos, sin)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, 2]
         outs, start = [], 0
         for count, length in segments:

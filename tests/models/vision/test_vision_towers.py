@@ -20,11 +20,12 @@ from transformers import LlavaForConditionalGeneration as HFLlava
 from transformers import Qwen2VLForConditionalGeneration as HFQwen2VL
 from transformers.activations import ACT2FN
 
+from mmserve.kernels import cpu_ops, unavailable_reason
 from mmserve.models.llava import LlavaForConditionalGeneration
 from mmserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from mmserve.models.tiny.presets import PRESETS, PresetSpec, randomize_weights
 from mmserve.models.vision.clip import layers_to_run, quick_gelu_
-from mmserve.models.vision.qwen2_vl import PatchEmbed, _equal_runs
+from mmserve.models.vision.qwen2_vl import PatchEmbed, _equal_runs, rotate_heads
 
 QWEN_TOL = {"rtol": 1e-4, "atol": 1e-4}
 CLIP_LAYERS = 3
@@ -225,6 +226,26 @@ def test_patch_embed_matmul_equals_conv3d(qwen):
 def test_quick_gelu_is_bit_identical_to_transformers():
     x = torch.randn(300, 77, generator=torch.Generator().manual_seed(0)) * 4
     assert torch.equal(quick_gelu_(x.clone()), ACT2FN["quick_gelu"](x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_vision_rope_is_bit_identical_to_transformers(dtype):
+    """The towers' RoPE on the fused qkv's q and k heads (a strided view), in the CPU kernel:
+    transformers' ``apply_rotary_pos_emb_vision`` bit for bit in every dtype."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    assert cpu_ops() is not None, unavailable_reason()  # CI builds the kernels: they run here
+    gen = torch.Generator().manual_seed(1)
+    n, heads, hd = 37, 4, 80
+    qkv = (torch.randn(n, 3, heads, hd, generator=gen) * 3).to(dtype)
+    angles = torch.rand(n, hd // 2, generator=gen) * 60
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    with torch.inference_mode():
+        # the tables as VisionRotaryEmbedding makes them: [n, 1, hd] and [n, 1, hd / 2]
+        qk = rotate_heads(qkv[:, :2].reshape(n, 2 * heads, hd), cos[:, None], angles.sin()[:, None])
+        q, k = apply_rotary_pos_emb_vision(qkv[:, 0], qkv[:, 1], cos, sin)
+    assert qk.dtype == dtype
+    assert torch.equal(qk[:, :heads], q) and torch.equal(qk[:, heads:], k)
 
 
 def test_equal_runs():
