@@ -5,6 +5,7 @@ parted from the engine's at token 16 (logprobs 1e-3 apart)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mmserve.bench.lib.engines.reference import HFInputs
@@ -14,7 +15,22 @@ from tests.support.images import make_image
 from tests.support.references import Reference
 
 
-def test_the_llava_references_use_the_engines_image_processor() -> None:
+def test_the_llava_references_use_the_engines_image_processor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Here too, AutoImageProcessor is made to pick another class, as torchvision's presence
+    makes it do on the GPU image: the references must not follow it."""
+    from transformers import CLIPImageProcessorPil
+    from transformers.models.auto import image_processing_auto
+
+    class TorchvisionStandIn(CLIPImageProcessorPil):
+        pass
+
+    monkeypatch.setattr(
+        image_processing_auto.AutoImageProcessor,
+        "from_pretrained",
+        staticmethod(lambda path, *args, **kwargs: TorchvisionStandIn.from_pretrained(path)),
+    )
     path = resolve_model_path("tiny-llava")
     engine_processor = load_image_processor(path, {})
     image = make_image(2, (120, 50))
