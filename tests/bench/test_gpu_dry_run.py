@@ -91,6 +91,21 @@ def test_both_engines_are_benchmarked_with_sane_numbers(dry_run) -> None:
     assert bench["transformers"]["reuse_30_images_encoded"] == requests
 
 
+def test_the_profile_stage_profiles_decode_with_and_without_graphs_and_a_chat_turn(
+    dry_run,
+) -> None:
+    profiled = by_name(dry_run[1])["profile:tiny-qwen2-vl"]["result"]
+    assert profiled["decode_steps"] == DRY_RUN.profile_tokens
+    for part in ("decode_b1_eager", "decode_b1_graphs", "chat_turn2"):
+        p = profiled[part]
+        assert 0 < p["wall_s"] < 60 and p["top_device"] == []  # no device activity on CPU
+        assert len(p["top_cpu"]) >= 3
+        assert all(o["calls"] > 0 and o["ms"] > 0 for o in p["top_cpu"])
+    turns = profiled["chat_turns"]
+    assert [t["turn"] for t in turns] == list(range(1, DRY_RUN.turns + 1))
+    assert turns[1]["cached_tokens"] > 0  # turn 2 reused turn 1 from the prefix cache
+
+
 def test_the_markdown_has_the_stage_parity_and_benchmark_tables(dry_run) -> None:
     markdown = dry_run[2]
     for stage in stages(DRY_RUN):
@@ -104,3 +119,5 @@ def test_the_markdown_has_the_stage_parity_and_benchmark_tables(dry_run) -> None
         assert f"| {label} |" in markdown
     assert "Decode graphs: the padded static-shape path (no capture off CUDA) ran" in markdown
     assert "| static (" in markdown  # the parity table's graphs column
+    assert "### Profile of tiny-qwen2-vl (`torch.profiler`; decode parts: 4 steps)" in markdown
+    assert "| decode_b1_eager | " in markdown and "| chat_turn2 | " in markdown

@@ -14,14 +14,15 @@ import pytest
 from mmserve.bench.gpu.plan import DRY_RUN, GPU, Profile, Stage, select, stages
 from mmserve.bench.gpu.run import main
 from mmserve.bench.gpu.supervise import pytest_counts, run_child_stages
-from mmserve.bench.gpu.tables import limits_of, render
+from mmserve.bench.gpu.tables import limits_of, profile_lines, render
 
 
 def test_the_gpu_plan_benchmarks_both_real_shapes_and_ends_with_pytest() -> None:
     names = [s.name for s in stages(GPU)]
     assert names == [
         "env", "build", "limits", "parity:shape:Qwen2-VL-2B-Instruct",
-        "bench:shape:Qwen2-VL-2B-Instruct", "bench:shape:Qwen2.5-VL-3B-Instruct", "pytest",
+        "bench:shape:Qwen2-VL-2B-Instruct", "bench:shape:Qwen2.5-VL-3B-Instruct",
+        "profile:shape:Qwen2-VL-2B-Instruct", "pytest",
     ]  # fmt: skip
     assert GPU.device == "cuda" and GPU.bench_dtype == "bfloat16" and 32 in GPU.decode_batches
     assert "--device" in GPU.pytest_args and GPU.pytest_args[-1] == "cuda"
@@ -122,3 +123,42 @@ def test_the_markdown_puts_each_number_beside_transformers_and_its_limit() -> No
     assert "| decode tok/s, batch 32 | 6e+03 | – | –x | 3.2e+04 | 18.8 |" in text
     assert "| multi-turn TTFT, turn 2 (s) | 0.04 | 0.2 | 5x | – | – |" in text
     assert "| chat about one image, TTFT, turn 2 (s) | 0.01 | 0.08 | 8x | – | – |" in text
+
+
+def test_the_profile_table_shows_each_part_its_syncs_and_top_operators() -> None:
+    def part(wall: float, syncs: dict[str, int], op: str) -> dict[str, Any]:
+        top = [{"op": op, "calls": 28, "ms": 40.0}, {"op": "aten::mm", "calls": 196, "ms": 9.5}]
+        return {"wall_s": wall, "wall_per_step_s": wall / 16, "syncs": syncs, "top_cpu": top,
+                "top_device": top[::-1]}  # fmt: skip
+
+    result = {
+        "decode_steps": 16,
+        "decode_b1_eager": part(1.6, {"aten::_local_scalar_dense": 64}, "aten::index_select"),
+        "decode_b1_graphs": part(0.08, {}, "cudaGraphLaunch"),
+        "chat_turn2": part(1.2, {"cudaMemcpyAsync": 3}, "aten::conv3d"),
+        "chat_turns": [
+            {
+                "turn": 1,
+                "ttft_s": 0.15,
+                "encoder_s": 0.05,
+                "prompt_tokens": 900,
+                "cached_tokens": 0,
+            },
+            {
+                "turn": 2,
+                "ttft_s": 1.2,
+                "encoder_s": 0.9,
+                "prompt_tokens": 1800,
+                "cached_tokens": 896,
+            },
+        ],  # fmt: skip
+    }
+    text = "\n".join(profile_lines("m", result))
+    assert text.startswith("### Profile of m (`torch.profiler`; decode parts: 16 steps)")
+    assert (
+        "| decode_b1_eager | 1.6 | 0.1 | aten::_local_scalar_dense 64 | aten::index_select x28 40;"
+        " aten::mm x196 9.5 | aten::mm x196 9.5; aten::index_select x28 40 |"
+    ) in text
+    assert "| decode_b1_graphs | 0.08 | 0.005 | – | cudaGraphLaunch x28 40;" in text
+    assert "| chat_turn2 | 1.2 | 0.075 | cudaMemcpyAsync 3 | aten::conv3d x28 40;" in text
+    assert text.endswith("turn: 1: 0.15 s (0/900 cached), 2: 1.2 s (896/1800 cached).")

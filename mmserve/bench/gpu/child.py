@@ -91,6 +91,10 @@ def run_stage(profile: Profile, stage: Stage) -> dict[str, Any]:
         from mmserve.bench.gpu.measure import bench_model
 
         return bench_model(profile, stage.model)
+    if stage.kind == "profile":
+        from mmserve.bench.gpu.profiling import profile_model
+
+        return profile_model(profile, stage.model)
     raise ValueError(f"not a stage of the engine process: {stage.name}")
 
 

@@ -5,8 +5,10 @@ process never imports torch.
 Stages, in order: ``env`` (versions, device), ``build`` (the presets, timed), ``limits``
 (bandwidth, matmul rate), ``parity:<model>`` (float32 token identity, bfloat16 closeness with
 transformers on the same device), ``bench:<model>`` (load, TTFT, decode, multi-turn, reuse;
-mmserve and transformers), ``pytest`` (a selection of the suite with ``--device``). Each has a
-time box; the run has a budget, and a stage that would start past it is skipped.
+mmserve and transformers), ``profile:<model>`` (where a decode step and a chat turn spend
+their time, from ``torch.profiler``: ``profiling.py``), ``pytest`` (a selection of the suite
+with ``--device``). Each has a time box; the run has a budget, and a stage that would start
+past it is skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 QWEN2_VL_2B = "shape:Qwen2-VL-2B-Instruct"
 QWEN2_5_VL_3B = "shape:Qwen2.5-VL-3B-Instruct"
-CHILD_KINDS = ("env", "build", "limits", "parity", "bench")  # run in the engine process
+CHILD_KINDS = ("env", "build", "limits", "parity", "bench", "profile")  # run in the engine process
 KINDS = (*CHILD_KINDS, "pytest")  # pytest runs as its own process
 
 
@@ -48,6 +50,8 @@ class Profile:
     budget_s: float
     boxes: dict[str, float] = field(default_factory=dict)  # seconds per stage kind
     enforce_eager: bool = False  # mmserve's decode graphs on (captured on CUDA, static on CPU)
+    profile_models: tuple[str, ...] = ()  # profiled (the profile stage), in bench_dtype
+    profile_tokens: int = 16  # decode steps each profiled decode runs
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,8 +92,17 @@ GPU = Profile(
     max_model_len=8192,
     gpu_memory_utilization=0.4,  # leaves room for the transformers model beside a freed engine
     kv_cache_memory=1 << 30,
-    budget_s=390.0,
-    boxes={"env": 60, "build": 150, "limits": 30, "parity": 100, "bench": 130, "pytest": 150},
+    budget_s=420.0,
+    boxes={
+        "env": 60,
+        "build": 150,
+        "limits": 30,
+        "parity": 100,
+        "bench": 130,
+        "profile": 60,
+        "pytest": 150,
+    },
+    profile_models=(QWEN2_VL_2B,),
 )
 
 DRY_RUN = dataclasses.replace(
@@ -115,7 +128,17 @@ DRY_RUN = dataclasses.replace(
     # its work takes about a minute on a quiet 2-core machine; the boxes are safety caps for
     # slow, shared CI machines, not targets
     budget_s=900.0,
-    boxes={"env": 180, "build": 120, "limits": 60, "parity": 180, "bench": 300, "pytest": 240},
+    boxes={
+        "env": 180,
+        "build": 120,
+        "limits": 60,
+        "parity": 180,
+        "bench": 300,
+        "profile": 180,
+        "pytest": 240,
+    },
+    profile_models=("tiny-qwen2-vl",),
+    profile_tokens=4,
 )
 
 
@@ -138,6 +161,7 @@ def stages(profile: Profile) -> list[Stage]:
     out = [Stage(kind, box[kind]) for kind in ("env", "build", "limits")]
     out += [Stage("parity", box["parity"], m) for m in profile.parity_models]
     out += [Stage("bench", box["bench"], m) for m in profile.models]
+    out += [Stage("profile", box["profile"], m) for m in profile.profile_models]
     return out + [Stage("pytest", box["pytest"])]
 
 

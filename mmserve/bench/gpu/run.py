@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     if args.models:
         changes["models"] = tuple(m.strip() for m in args.models.split(",") if m.strip())
-        changes["parity_models"] = changes["models"][:1]
+        changes["parity_models"] = changes["profile_models"] = changes["models"][:1]
     if args.device:
         changes["device"] = args.device
     if _positive(args.budget_s, "--budget-s"):

@@ -170,7 +170,38 @@ def render(results: dict[str, Any]) -> str:
                 "",
                 graphs_line(r),
             ]
+    for s in stages:
+        if s["kind"] == "profile" and s["status"] == "ok":
+            lines += ["", *profile_lines(s["model"], s["result"])]
     return "\n".join(lines) + "\n"
+
+
+def profile_lines(model: str, r: dict[str, Any]) -> list[str]:
+    """A profile stage's table: per part its wall time, host syncs and top operators."""
+    parts: list[str] = [k for k in ("decode_b1_eager", "decode_b1_graphs") if k in r]
+    parts += [k for k in r if k.startswith("chat_turn") and isinstance(r[k], dict)]
+    lines = [
+        f"### Profile of {model} (`torch.profiler`; decode parts: {r['decode_steps']} steps)",
+        "",
+        "| part | wall, s | per step, s | host syncs | top self CPU, ms | top self device, ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for part in parts:
+        p = r[part]
+        syncs = ", ".join(f"{k} {v}" for k, v in p["syncs"].items()) or "–"
+        lines.append(
+            f"| {part} | {_num(p['wall_s'])} | {_num(p['wall_per_step_s'])} | {syncs} | "
+            f"{_ops(p['top_cpu'])} | {_ops(p['top_device'])} |"
+        )
+    turns = ", ".join(
+        f"{t['turn']}: {_num(t['ttft_s'])} s ({t['cached_tokens']}/{t['prompt_tokens']} cached)"
+        for t in r.get("chat_turns", [])
+    )
+    return [*lines, "", f"Chat TTFT by turn, a new image each turn: {turns}."]
+
+
+def _ops(top: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{o['op']} x{o['calls']} {_num(o['ms'])}" for o in top[:5]) or "–"
 
 
 def summary(results: dict[str, Any]) -> str:
