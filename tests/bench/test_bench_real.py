@@ -13,9 +13,11 @@ from safetensors.torch import load_file
 
 from mmserve.bench.cli import main as bench_main
 from mmserve.bench.gpu.measure import FOLLOWUP_SEED, TTFT_RUN, TURNS_SEED
+from mmserve.bench.lib.engines.runners import TurnResult
 from mmserve.bench.lib.engines.vllm_baseline import ImageDir
 from mmserve.bench.lib.images import png_bytes
 from mmserve.bench.lib.workloads import Spec
+from mmserve.bench.multiturn.conversation import history_answer, run_conversation
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.run import vllm_payload
 from mmserve.bench.real.tables import render
@@ -55,6 +57,10 @@ def test_each_engine_ran_every_round_in_its_own_process(tiny_run: dict[str, Any]
     assert mmserve["followup_images_encoded"] == [1, 0]
     assert mmserve["followup_cached_tokens"][1] > 0
     assert len(runs["transformers"][0]["followup_ttft_s"]) == 2
+    # the same history for each engine (fixed answers), so the same prompts to prefill
+    for prefix in ("multiturn", "followup"):
+        prompts = {e: runs[e][0][f"{prefix}_prompt_tokens"] for e in ("mmserve", "transformers")}
+        assert prompts["mmserve"] == prompts["transformers"] and prompts["mmserve"][1] > 0
     assert mmserve["reuse_0_images_encoded"] == 3
     assert "reuse_0_req_s" not in runs["transformers"][0]  # one by one: only on request
     assert mmserve["cuda_graphs"]["mode"] == "off"  # the CPU default: eager decode
@@ -186,6 +192,31 @@ def test_vllm_gets_the_prompts_and_images_mmserve_gets(tmp_path: Path) -> None:
     assert [turn["image"] for turn in followup[1:]] == [None]
     assert sorted(payload["reuse"]) == ["0", "30"] and len(payload["reuse"]["30"]) == 3
     assert payload["dtype"] == "float32" and payload["decode_batches"] == [1, 3]
+    # the history's answers are the fixed ones run_conversation gives every other engine
+    for chat in (payload["conversation"], followup):
+        assert [turn["answer"] for turn in chat] == [history_answer(t) for t in range(2)]
+
+
+def test_every_engine_is_sent_the_same_history_whatever_it_answered() -> None:
+    """Random weights answer differently per engine and dtype, and an answer's text can
+    re-tokenize into many more tokens than were generated (a shape preset's filler tokens):
+    the history carries fixed answers, so every engine prefills the same prompts."""
+    sent: list[list[dict[str, Any]]] = []
+
+    class Runner:
+        name = "fake"
+
+        def chat_turn(self, messages: list[dict[str, Any]], answer_tokens: int) -> TurnResult:
+            sent.append([dict(m) for m in messages])
+            answer = f"<unused{len(sent)}>" * 16
+            return TurnResult(0.1, 0.0, 0, 10, 0, answer, [7] * 16)
+
+    for new_images in (True, False):
+        sent.clear()
+        rows = run_conversation(Runner(), 3, (32, 24), 16, 5, new_images)
+        assert [r["answer"] for r in rows] == [f"<unused{n}>" * 16 for n in (1, 2, 3)]
+        assistant = [m["content"] for m in sent[-1] if m["role"] == "assistant"]
+        assert assistant == [history_answer(0), history_answer(1)]
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ on:
 - ``multiturn_ttft_s``: TTFT of each turn of one chat that adds a new image per turn
   (``bench multiturn``'s conversation);
 - ``followup_ttft_s``: the same for a chat about one image (turn 1's), text questions after;
-  both chats with ``*_images_encoded`` and ``*_cached_tokens`` (prefix-cache hits) per turn,
-  as vLLM's side records them;
+  both chats with ``*_images_encoded``, ``*_prompt_tokens`` and ``*_cached_tokens``
+  (prefix-cache hits) per turn, as vLLM's side records them;
 - ``reuse_{P}_req_s``: ``reuse_requests`` requests submitted at once, P % repeating an earlier
   image and prefix (``bench reuse``'s workload; transformers serves them one by one).
 """
@@ -142,6 +142,7 @@ def _multiturn(runner: Any, profile: Profile) -> dict[str, Any]:
         out[f"{prefix}_ttft_s"] = [r["ttft_s"] for r in rows]
         out[f"{prefix}_images_encoded"] = [r["images_encoded"] for r in rows]
         out[f"{prefix}_cached_tokens"] = [r["cached_tokens"] for r in rows]
+        out[f"{prefix}_prompt_tokens"] = [r["prompt_tokens"] for r in rows]
     return out
 
 

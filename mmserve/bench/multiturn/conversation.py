@@ -1,7 +1,8 @@
 """One multi-turn image chat per engine and round: every turn adds a new image and a short
-question and sends the whole history; each round's conversation runs on a fresh engine, warmed
-up on other images. ``run_conversation(..., new_images=False)`` is the other common chat: one
-image on turn 1, then text follow-up questions about it (``bench real``'s follow-up rows)."""
+question and sends the whole history, its answers fixed (``history_answer``); each round's
+conversation runs on a fresh engine, warmed up on other images.
+``run_conversation(..., new_images=False)`` is the other common chat: one image on turn 1,
+then text follow-up questions about it (``bench real``'s follow-up rows)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def followup_question(turn: int) -> str:
     return "What is in the picture?" if turn == 0 else f"Tell me more, detail {turn}."
 
 
+def history_answer(turn: int) -> str:
+    """The assistant's turn ``turn`` as the history sends it back, the same for every engine:
+    random weights answer differently per engine and dtype, and an answer's text can
+    re-tokenize into many more tokens than were generated (a shape preset's filler tokens),
+    which would give each engine other prompts to prefill."""
+    return f"Picture {turn + 1} shows shapes in a few colours on a plain background."
+
+
 def run_conversation(
     runner: Any,
     turns: int,
@@ -53,7 +62,7 @@ def run_conversation(
             content.insert(0, image)
         messages.append({"role": "user", "content": content})
         result = runner.chat_turn(messages, answer_tokens)
-        messages.append({"role": "assistant", "content": result.answer})
+        messages.append({"role": "assistant", "content": history_answer(turn)})
         rows.append({"turn": turn + 1, **vars(result)})
     return rows
 
@@ -66,7 +75,10 @@ def run_vllm(
         images = ImageDir(Path(tmp), args.resolution)
 
         def conversation(seed0: int, turns: int) -> list[dict]:
-            return [{"image": images.path(seed0 + t), "text": question(t)} for t in range(turns)]
+            return [
+                {"image": images.path(seed0 + t), "text": question(t), "answer": history_answer(t)}
+                for t in range(turns)
+            ]
 
         payload = {
             "kind": "multiturn",

@@ -36,7 +36,7 @@ from mmserve.bench.lib.priority import apply_priority
 from mmserve.bench.lib.provenance import engine_versions
 from mmserve.bench.lib.report import save
 from mmserve.bench.lib.workloads import Spec, reuse_specs
-from mmserve.bench.multiturn.conversation import followup_question, question
+from mmserve.bench.multiturn.conversation import followup_question, history_answer, question
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.tables import render
 from mmserve.models.tiny import resolve_model_path
@@ -110,10 +110,15 @@ def vllm_payload(profile: Profile, model: str, images: ImageDir) -> dict[str, An
         "decode_tokens": profile.decode_tokens,
         "answer_tokens": profile.answer_tokens,
         "conversation": [
-            {"image": images.path(TURNS_SEED + t), "text": question(t)} for t in turns
+            {"image": images.path(TURNS_SEED + t), "text": question(t), "answer": history_answer(t)}
+            for t in turns
         ],
         "followup": [
-            {"image": images.path(FOLLOWUP_SEED) if t == 0 else None, "text": followup_question(t)}
+            {
+                "image": images.path(FOLLOWUP_SEED) if t == 0 else None,
+                "text": followup_question(t),
+                "answer": history_answer(t),
+            }
             for t in turns
         ],
         "reuse": reuse,

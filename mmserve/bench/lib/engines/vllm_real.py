@@ -57,6 +57,7 @@ def measure(cfg: dict[str, Any], model: str) -> dict[str, Any]:
         rows = run_conversation(llm, cfg.get(key, []), answer, prefix)
         out[f"{prefix}_ttft_s"] = [r["ttft_s"] for r in rows]
         out[f"{prefix}_cached_tokens"] = [r["cached_tokens"] for r in rows]
+        out[f"{prefix}_prompt_tokens"] = [r["prompt_tokens"] for r in rows]
     for pct, requests in cfg["reuse"].items():
         result = run_requests(llm, requests, answer, "all", f"reuse{pct}")
         out[f"reuse_{pct}_req_s"] = len(requests) / result["wall_s"]
