@@ -82,7 +82,11 @@ def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list
         first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
         out = done[f"{tag}-{n}"]
         answer = out.outputs[0].text
-        conv.append({"role": "assistant", "content": turn["answer"]})  # the same for every engine
+        # the same answer for every engine, as a text part: templates that loop over parts
+        # (Idefics3's, LLaVA-OneVision's) render a plain string as nothing, where mmserve
+        # (and vLLM's own chat API) hand them parts
+        answer_part = {"type": "text", "text": turn["answer"]}
+        conv.append({"role": "assistant", "content": [answer_part]})
         rows.append(
             {
                 "turn": n + 1,

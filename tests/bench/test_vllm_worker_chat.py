@@ -1,0 +1,73 @@
+"""The vLLM worker's chats (``bench/lib/engines/vllm_worker.py``, run by vLLM's python) render
+the prompts mmserve renders for the same conversation, so the engines prefill the same text.
+vLLM itself is not needed: the worker's stepping is replaced by a recorder."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from mmserve.bench.lib.images import png_bytes
+from mmserve.bench.multiturn.conversation import followup_question, history_answer, question
+from mmserve.entrypoints.chat_utils import render_chat
+from mmserve.models.tiny import resolve_model_path
+
+ENGINES = Path(__file__).resolve().parents[2] / "mmserve" / "bench" / "lib" / "engines"
+
+
+@pytest.fixture
+def worker(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(ENGINES))  # the worker imports its siblings as top level
+    monkeypatch.delitem(sys.modules, "vllm_worker", raising=False)
+    return importlib.import_module("vllm_worker")
+
+
+@pytest.mark.parametrize("model", ["tiny-smolvlm", "tiny-llava-onevision", "tiny-qwen2-vl"])
+@pytest.mark.parametrize("new_images", [True, False])
+def test_the_vllm_worker_sends_the_chat_mmserve_renders(
+    worker: ModuleType,
+    model: str,
+    new_images: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+    sent: list[str] = []
+
+    def recording_drive(llm: Any, prompts: list[tuple[str, dict]], params: Any) -> tuple:
+        ((req_id, prompt),) = prompts
+        sent.append(prompt["prompt"])
+        out = SimpleNamespace(
+            outputs=[SimpleNamespace(text="<unused7>" * 4, token_ids=[7] * 4)],
+            prompt_token_ids=[0],
+            num_cached_tokens=0,
+        )
+        return {req_id: 1.0}, {req_id: out}
+
+    monkeypatch.setattr(worker, "drive", recording_drive)
+    turns, conv = [], []
+    for t in range(3):
+        text = question(t) if new_images else followup_question(t)
+        image = None
+        if new_images or t == 0:
+            image = tmp_path / f"{t}.png"
+            image.write_bytes(png_bytes(t, (32, 24)))
+        turns.append(
+            {"image": str(image) if image else None, "text": text, "answer": history_answer(t)}
+        )
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        if image is not None:
+            content.insert(0, {"type": "image"})
+        conv.append({"role": "user", "content": content})
+        conv.append({"role": "assistant", "content": history_answer(t)})
+    worker.run_conversation(SimpleNamespace(get_tokenizer=lambda: tokenizer), turns, None, "c")
+    for t in range(3):
+        assert sent[t] == render_chat(tokenizer, conv[: 2 * t + 1]), t
+        if t:
+            assert history_answer(t - 1) in sent[t]
