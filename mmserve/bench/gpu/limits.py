@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work (CUDA; nothing to wait for on a CPU)."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -21,12 +23,12 @@ def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -
     """Fastest of ``repeats`` timed calls after two warm-up calls."""
     for _ in range(2):
         fn()
-    _sync(device)
+    synchronize(device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
 

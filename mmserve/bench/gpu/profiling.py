@@ -18,6 +18,7 @@ from typing import Any
 
 from mmserve import SamplingParams
 from mmserve.bench.gpu.engines import eager_decode, mmserve_engine, text_prompt
+from mmserve.bench.gpu.limits import synchronize
 from mmserve.bench.gpu.plan import Profile
 from mmserve.bench.lib.engines.runners import MmserveRunner, TurnResult
 from mmserve.bench.multiturn.conversation import run_conversation
@@ -91,7 +92,7 @@ def profiled(device: str, work: Callable[[], Any], steps: int = 1) -> dict[str, 
     with profile(activities=activities) as prof:
         start = time.perf_counter()
         work()
-        _synchronize(device)
+        synchronize(device)
         wall = time.perf_counter() - start
     events = prof.key_averages()
     syncs = {e.key: e.count for e in events if e.key in SYNC_OPS or e.key.startswith("cudaMemcpy")}
@@ -113,10 +114,3 @@ def _top(events: Any, attribute: str) -> list[dict[str, Any]]:
         for t, e in rows[:TOP_OPS]
         if t > 0
     ]
-
-
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()

@@ -41,6 +41,33 @@ def history_answer(turn: int) -> str:
     return f"Picture {turn + 1} shows shapes in a few colours on a plain background."
 
 
+def chat_turns(turns: int, seed0: int, new_images: bool = True) -> list[dict[str, Any]]:
+    """A chat's turns, the same for every engine: per turn the image's seed (None: a text
+    follow-up), the question and the answer the history sends back. ``new_images``: a new
+    image every turn (image ``seed0 + turn``), else image ``seed0`` on turn 1 and text
+    follow-ups (``followup_question``) after it."""
+    return [
+        {
+            "image_seed": seed0 + t if new_images or t == 0 else None,
+            "text": question(t) if new_images else followup_question(t),
+            "answer": history_answer(t),
+        }
+        for t in range(turns)
+    ]
+
+
+def vllm_chat(images: ImageDir, turns: int, seed0: int, new_images: bool = True) -> list[dict]:
+    """``chat_turns`` as the vLLM worker takes them: each image as a PNG file's path."""
+    return [
+        {
+            "image": None if t["image_seed"] is None else images.path(t["image_seed"]),
+            "text": t["text"],
+            "answer": t["answer"],
+        }
+        for t in chat_turns(turns, seed0, new_images)
+    ]
+
+
 def run_conversation(
     runner: Any,
     turns: int,
@@ -49,20 +76,19 @@ def run_conversation(
     seed0: int,
     new_images: bool = True,
 ) -> list[dict[str, Any]]:
-    """One conversation; every turn sends the whole history (images as PNG bytes).
-    ``new_images``: a new image every turn (image ``seed0 + turn``), else image ``seed0`` on
-    turn 1 and text follow-ups (``followup_question``) after it."""
+    """One conversation of ``chat_turns``; every turn sends the whole history (images as PNG
+    bytes)."""
     messages: list[dict[str, Any]] = []
     rows = []
-    for turn in tqdm(range(turns), desc=f"{runner.name} turns", leave=False):
-        text = question(turn) if new_images else followup_question(turn)
-        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
-        if new_images or turn == 0:
-            image = {"type": "image", "image": png_bytes(seed0 + turn, resolution)}
+    chat = chat_turns(turns, seed0, new_images)
+    for turn, spec in enumerate(tqdm(chat, desc=f"{runner.name} turns", leave=False)):
+        content: list[dict[str, Any]] = [{"type": "text", "text": spec["text"]}]
+        if spec["image_seed"] is not None:
+            image = {"type": "image", "image": png_bytes(spec["image_seed"], resolution)}
             content.insert(0, image)
         messages.append({"role": "user", "content": content})
         result = runner.chat_turn(messages, answer_tokens)
-        messages.append({"role": "assistant", "content": history_answer(turn)})
+        messages.append({"role": "assistant", "content": spec["answer"]})
         rows.append({"turn": turn + 1, **vars(result)})
     return rows
 
@@ -73,19 +99,12 @@ def run_vllm(
     """Round ``rnd``'s conversation on a fresh vLLM worker (warmed up on a separate one)."""
     with tempfile.TemporaryDirectory(prefix="mmserve-bench-") as tmp:
         images = ImageDir(Path(tmp), args.resolution)
-
-        def conversation(seed0: int, turns: int) -> list[dict]:
-            return [
-                {"image": images.path(seed0 + t), "text": question(t), "answer": history_answer(t)}
-                for t in range(turns)
-            ]
-
         payload = {
             "kind": "multiturn",
             "max_tokens": args.answer_tokens,
             "engine_args": engine_args(args.max_model_len, args.turns, pkw),
-            "warmup": conversation(WARMUP_SEED, 2),
-            "conversations": [conversation(rnd * REPEAT_STRIDE, args.turns)],
+            "warmup": vllm_chat(images, 2, WARMUP_SEED),
+            "conversations": [vllm_chat(images, args.turns, rnd * REPEAT_STRIDE)],
         }
         result = run_worker(python, args.model, payload, args.threads)
     return result["conversations"][0]

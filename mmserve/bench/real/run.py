@@ -36,7 +36,7 @@ from mmserve.bench.lib.priority import apply_priority
 from mmserve.bench.lib.provenance import engine_versions
 from mmserve.bench.lib.report import save
 from mmserve.bench.lib.workloads import Spec, reuse_specs
-from mmserve.bench.multiturn.conversation import followup_question, history_answer, question
+from mmserve.bench.multiturn.conversation import vllm_chat
 from mmserve.bench.real.plan import build_parser, profile_of
 from mmserve.bench.real.tables import render
 from mmserve.models.tiny import resolve_model_path
@@ -96,7 +96,6 @@ def vllm_payload(profile: Profile, model: str, images: ImageDir) -> dict[str, An
         )
         for k, fraction in enumerate(profile.reuse_fractions)
     }
-    turns = range(profile.turns)
     return {
         "dtype": profile.bench_dtype,
         "engine_args": engine_args(
@@ -109,18 +108,8 @@ def vllm_payload(profile: Profile, model: str, images: ImageDir) -> dict[str, An
         "decode_batches": list(profile.decode_batches),
         "decode_tokens": profile.decode_tokens,
         "answer_tokens": profile.answer_tokens,
-        "conversation": [
-            {"image": images.path(TURNS_SEED + t), "text": question(t), "answer": history_answer(t)}
-            for t in turns
-        ],
-        "followup": [
-            {
-                "image": images.path(FOLLOWUP_SEED) if t == 0 else None,
-                "text": followup_question(t),
-                "answer": history_answer(t),
-            }
-            for t in turns
-        ],
+        "conversation": vllm_chat(images, profile.turns, TURNS_SEED),
+        "followup": vllm_chat(images, profile.turns, FOLLOWUP_SEED, new_images=False),
         "reuse": reuse,
     }
 
