@@ -35,6 +35,7 @@ SOURCES = [
     "mmserve/kernels/csrc/bf16_weight_linear.cpp",
     "mmserve/kernels/csrc/bf16_weight_pack.cpp",
     "mmserve/kernels/csrc/dense_attention_bf16.cpp",
+    "mmserve/kernels/csrc/bf16_dot_linear.cpp",
     "mmserve/kernels/csrc/fused_ops.cpp",
     "mmserve/kernels/csrc/paged_attention.cpp",
     "mmserve/kernels/csrc/module.cpp",

@@ -3,8 +3,9 @@
 ``cpu_ops()`` is the kernels' ops for this CPU (of the instruction-set variants it runs,
 ``variants.py``, the widest one the install built: ``paged_attention``, ``rms_norm``,
 ``add_rms_norm``, ``rotary_embedding``, in the dtypes of ``kernel_dtypes()``;
-``small_batch_linear`` in bfloat16/float16; ``dense_attention_bf16`` where the CPU has AVX-512
-BF16, ``dense_attention_bf16_kernel``), or None;
+``small_batch_linear`` in bfloat16/float16; ``dense_attention_bf16`` and ``bf16_dot_linear``
+where the CPU has AVX-512 BF16, ``dense_attention_bf16_kernel`` and ``bf16_dot_linear_kernel``),
+or None;
 ``unavailable_reason()`` says why not.
 ``MMSERVE_DISABLE_CPU_KERNELS=1`` turns them all off (the pure-torch paths run instead).
 
@@ -51,6 +52,7 @@ class KernelOps:
         self.bf16_weight_unpack: Callable[..., None] = ops.bf16_weight_unpack.default
         self.bf16_weight_tile_rows = int(ops.bf16_weight_tile_rows())
         self.dense_attention_bf16: Callable[..., torch.Tensor] = ops.dense_attention_bf16.default
+        self.bf16_dot_linear: Callable[..., torch.Tensor] = ops.bf16_dot_linear.default
         self.head_dims = tuple(int(d) for d in ops.supported_head_dims())
         self.dtypes = tuple(getattr(torch, name) for name in ops.supported_dtypes())
 
@@ -145,3 +147,13 @@ def dense_attention_bf16_kernel() -> Callable[..., torch.Tensor] | None:
     if ops is None or ops.variant != "avx512" or "avx512_bf16" not in cpu_flags():
         return None
     return ops.dense_attention_bf16
+
+
+def bf16_dot_linear_kernel() -> Callable[..., torch.Tensor] | None:
+    """``bf16_dot_linear(x, packed, bias, n)``: ``x @ w.T + bias`` for bfloat16 CPU tensors, the
+    weight packed in column pairs (``layers/bf16_dot_weights.py``), or None: it needs the
+    AVX-512 build and a CPU with AVX-512 BF16."""
+    ops, _ = _load()
+    if ops is None or ops.variant != "avx512" or "avx512_bf16" not in cpu_flags():
+        return None
+    return ops.bf16_dot_linear

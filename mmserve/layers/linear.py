@@ -1,8 +1,10 @@
 """mmserve's Linear layer (the language model's, the vision towers' and the projectors'):
 torch's GEMM, except on CPU.
 
-- Half-precision weights on a CPU that computes their dtype natively (AVX-512 BF16 or AMX) are
-  prepacked once for oneDNN, and every row count runs the packed product. On 8 layers of the
+- bfloat16 weights on a CPU with AVX-512 BF16 and without AMX are packed once in column pairs
+  for mmserve's dot-product kernel, at every row count (``bf16_dot_weights.py``).
+- Other half-precision weights on a CPU that computes their dtype natively (AVX-512 BF16 or AMX)
+  are prepacked once for oneDNN, and every row count runs the packed product. On 8 layers of the
   Qwen2-VL-2B shape's language-model weights (0.75 GB, bfloat16, 2 threads, AMD EPYC with
   ``avx512_bf16``; two scratch runs, each the median of 3 passes in one process) it read 27-32 /
   28 / 38 / 25-30 GB/s at 1 / 2 / 4 / 8 rows, where the small-batch kernel read 29-30 / 22 / 15 /
@@ -40,6 +42,7 @@ from torch import nn
 
 from mmserve.kernels import cpu_ops, small_batch_linear_kernel
 from mmserve.kernels.cpu_features import native_half_dtypes
+from mmserve.layers.bf16_dot_weights import bf16_dot_kernel, bf16_dot_linear, pack_bf16_pairs
 from mmserve.layers.bf16_weights import BF16_WEIGHTS_ENV_VAR, bf16_linear, pack_bf16_exact
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -58,16 +61,21 @@ class Linear(nn.Linear):
     ``weight`` a one-element stand-in of its shape, dtype and device (what model code reads of
     it), or, where an embedding shares the weight, the weight itself: every input then runs the
     packed product (no autograd).
-    ``bf16_packed`` is set only by ``use_bf16_weights`` (``bf16_weights.py``), with the same
-    stand-in, and then ``packed`` and ``small_batch`` stay None.
+    ``bf16_packed`` is set only by ``use_bf16_weights`` (``bf16_weights.py``), and
+    ``dot_packed`` only by ``use_bf16_dot_weights`` (``bf16_dot_weights.py``), each with the
+    same stand-in; at most one of ``bf16_packed``, ``dot_packed`` and ``packed`` is set, and
+    with any of them ``small_batch`` stays None.
     """
 
     small_batch: Callable[..., torch.Tensor] | None = None
     small_batch_rows = 0
     packed: torch.Tensor | None = None
     bf16_packed: torch.Tensor | None = None
+    dot_packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dot_packed is not None:
+            return bf16_dot_linear(x, self.dot_packed, self.bias, self.out_features)
         if self.bf16_packed is not None:
             return bf16_linear(x, self.bf16_packed, self.bias, self.out_features)
         if self.packed is not None:
@@ -90,7 +98,7 @@ def use_small_batch_kernel(model: nn.Module) -> int:
     function, rows = kernel
     enabled = 0
     for module in model.modules():
-        if not isinstance(module, Linear) or module.packed is not None:
+        if not isinstance(module, Linear) or is_packed(module):
             continue
         params = [module.weight] + ([module.bias] if module.bias is not None else [])
         if module.weight.dtype in HALF_DTYPES and all(
@@ -141,10 +149,10 @@ def _pack_for_onednn(
     shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     packed = 0
     for module in model.modules():
-        if not isinstance(module, Linear) or module.packed is not None:
+        if not isinstance(module, Linear) or is_packed(module):
             continue
         weight, bias = module.weight, module.bias
-        if module.bf16_packed is not None or weight.device.type != "cpu":
+        if weight.device.type != "cpu":
             continue
         if weight.dtype not in dtypes or (bias is not None and bias.dtype != weight.dtype):
             continue
@@ -167,7 +175,7 @@ def use_bf16_weights(model: nn.Module, release: Release | None = None) -> int:
     shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     kept = 0
     for module in model.modules():
-        if not isinstance(module, Linear) or module.small_batch is not None:
+        if not isinstance(module, Linear) or module.small_batch is not None or is_packed(module):
             continue
         weight = module.weight
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
@@ -183,6 +191,38 @@ def use_bf16_weights(model: nn.Module, release: Release | None = None) -> int:
         kept += 1
         _drop_dense_copy(module, shared, release)
     return kept
+
+
+def use_bf16_dot_weights(model: nn.Module, release: Release | None = None) -> int:
+    """Pack the bfloat16 weight of every CPU ``Linear`` of ``model`` not packed yet in column
+    pairs for the dot-product kernel (its bias, if any, bfloat16 too; an even number of inputs)
+    and drop its dense copy unless an embedding shares it; returns how many. 0 where
+    ``bf16_dot_kernel()`` is None."""
+    if bf16_dot_kernel() is None:
+        return 0
+    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    packed = 0
+    for module in model.modules():
+        if not isinstance(module, Linear) or is_packed(module):
+            continue
+        weight, bias = module.weight, module.bias
+        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
+            continue
+        if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
+            continue
+        module.small_batch, module.small_batch_rows = None, 0
+        with torch.no_grad():
+            module.dot_packed = pack_bf16_pairs(weight.detach())
+        packed += 1
+        _drop_dense_copy(module, shared, release)
+    return packed
+
+
+def is_packed(module: Linear) -> bool:
+    """Whether a packed copy replaced ``module``'s weight (any of the three packings)."""
+    return (
+        module.packed is not None or module.bf16_packed is not None or module.dot_packed is not None
+    )
 
 
 def _drop_dense_copy(module: Linear, shared: set[int], release: Release | None) -> None:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmserve import LLM, SamplingParams
+from mmserve.layers.bf16_dot_weights import bf16_dot_kernel
 from mmserve.layers.linear import (
     Linear,
     onednn_half_dtypes,
@@ -83,7 +84,10 @@ def test_packed_bf16_products_match_f_linear_and_the_dense_copy_is_gone() -> Non
 def test_an_engine_in_bfloat16_packs_every_linear_layer(model: str) -> None:
     llm = LLM(model, dtype="bfloat16", seed=0)
     linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.packed is not None for m in linears)
+    # bfloat16 goes to the dot-product kernel where it runs (bf16_dot_weights.py), else oneDNN
+    dot = bf16_dot_kernel() is not None
+    assert linears and all((m.dot_packed is not None) == dot for m in linears)
+    assert all((m.packed is not None) != dot for m in linears)
     assert all(m.small_batch is None for m in linears)
     out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3

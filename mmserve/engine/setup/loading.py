@@ -21,6 +21,7 @@ from mmserve.engine_args import EngineArgs
 from mmserve.graph_config import DecodeGraphConfig
 from mmserve.layers.linear import (
     onednn_half_dtypes,
+    use_bf16_dot_weights,
     use_bf16_weights,
     use_packed_float32,
     use_packed_half,
@@ -176,10 +177,16 @@ def load_model(model_config: ModelConfig, device: torch.device) -> VisionLanguag
     # A packed layer's weight mapped from the checkpoint gives its pages back as it is dropped,
     # or they would stay resident beside the packed copy.
     release = release_mapped_pages
-    packed_half = use_packed_half(module, onednn_half_dtypes(), release)  # native half: oneDNN
+    dot = use_bf16_dot_weights(module, release)  # bfloat16 on AVX-512 BF16 without AMX
+    packed_half = use_packed_half(module, onednn_half_dtypes(), release)  # other native half
     use_small_batch_kernel(module)  # other decode-sized half-precision matmuls on CPU
-    if packed_half:
-        logger.info("half-precision linear layers: %d on oneDNN-packed weights", packed_half)
+    if dot or packed_half:
+        logger.info(
+            "half-precision linear layers: %d on the bfloat16 dot-product kernel, %d on"
+            " oneDNN-packed weights",
+            dot,
+            packed_half,
+        )
     kept = use_bf16_weights(module, release)  # float32 weights holding bfloat16 values
     packed = use_packed_float32(module, release)  # other float32 weights on CPU: oneDNN
     if kept or packed:

@@ -46,6 +46,8 @@ STABLE_TORCH_LIBRARY(MMSERVE_OPS_NAMESPACE, m) {
   // the tiles widened back to float32 and transposed: [in, tiles x tile]
   m.def("bf16_weight_unpack(Tensor packed, Tensor(a!) out) -> ()");
   m.def("bf16_weight_tile_rows() -> int");
+  // bfloat16 x @ w.T + bias, w in column pairs [out / 16, in / 2, 32] (bf16_dot_linear.cpp)
+  m.def("bf16_dot_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   // attention over every key for bfloat16 [batch, seq, heads, head_dim] (dense_attention_bf16.cpp)
   m.def("dense_attention_bf16(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
 }
@@ -61,6 +63,7 @@ STABLE_TORCH_LIBRARY_IMPL(MMSERVE_OPS_NAMESPACE, CPU, m) {
   m.impl("bf16_weight_pack", TORCH_BOX(&bf16_weight_pack));
   m.impl("bf16_weight_unpack", TORCH_BOX(&bf16_weight_unpack));
   m.impl("dense_attention_bf16", TORCH_BOX(&dense_attention_bf16));
+  m.impl("bf16_dot_linear", TORCH_BOX(&bf16_dot_linear));
 }
 
 // the ops without a tensor argument, which no device key dispatches

@@ -89,6 +89,11 @@ int64_t bf16_weight_pack(const Tensor& weight, const Tensor& out);
 void bf16_weight_unpack(const Tensor& packed, const Tensor& out);
 int64_t bf16_weight_tile_rows();
 
+// bfloat16 x @ w.T + bias, w packed in column pairs for AVX-512 BF16 dot products
+// [out / 16, in / 2, 32] (bf16_dot_linear.cpp); n = out. A new [rows, n] tensor.
+Tensor bf16_dot_linear(const Tensor& x, const Tensor& packed, const std::optional<Tensor>& bias,
+                       int64_t n);
+
 // softmax(q k^T * scale) v over every key, bfloat16 [batch, seq, heads, head_dim] (the last dim
 // contiguous; head_dim even, at most 128), on AVX-512 BF16 (dense_attention_bf16.cpp).
 Tensor dense_attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v, double scale);

@@ -1,0 +1,119 @@
+"""bfloat16 products: mmserve's dot-product kernel on weights packed in column pairs
+(``mmserve/layers/bf16_dot_weights.py``) against oneDNN's prepacked bfloat16 weights (what
+bfloat16 linears ran before, and run on AMX CPUs), at the row counts of decode steps and prefill
+chunks, with the read bandwidth measured between them.
+
+The weights are ``--layers`` layers of the Qwen2-VL-2B shape's language model (fused q/k/v, o,
+fused gate/up, down; 94 MB a layer in bfloat16, so 8 layers are far past any cache) or of a
+vision tower, in both packings. Each round times every path once per row count, alternating,
+plus a float32 ``sum`` over 512 MiB (the read rate); the table gives medians (min-max) of GB/s
+of weights read (decode-sized rows) and GFLOP/s. Run as root on a quiet machine after
+``echo -20 > /proc/self/autogroup``:
+
+    python benchmarks/bf16_dot_linear.py --threads 2 --rounds 5
+    python benchmarks/bf16_dot_linear.py --rounds 5 --rows 256,1024 --layer qwen2-vl-2b-vit
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from mmserve.layers.bf16_dot_weights import bf16_dot_kernel, pack_bf16_pairs
+
+LAYERS = {  # (out, in) per linear: fused q/k/v, o, fused gate/up (or fc1), down (or fc2)
+    "qwen2-vl-2b-lm": [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)],
+    "qwen2-vl-2b-vit": [(3840, 1280), (1280, 1280), (5120, 1280), (1280, 5120)],
+    "onevision-0.5b-lm": [(1152, 896), (896, 896), (9728, 896), (896, 4864)],
+}
+
+
+def make_paths(shapes: list[tuple[int, int]], layers: int) -> dict[str, Callable[..., object]]:
+    """Each path's pass over every weight for an input of ``rows`` rows."""
+    kernel = bf16_dot_kernel()
+    assert kernel is not None, "needs the AVX-512 kernels on a CPU with AVX-512 BF16, no AMX"
+    dense = [torch.randn(n, k).bfloat16() for _ in range(layers) for n, k in shapes]
+    pairs = [(pack_bf16_pairs(w), w.shape[0]) for w in dense]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in dense]
+    del dense
+    inputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def x_for(rows: int, k: int) -> torch.Tensor:
+        if (rows, k) not in inputs:
+            inputs[rows, k] = torch.randn(rows, k).bfloat16()
+        return inputs[rows, k]
+
+    def kernel_pass(rows: int) -> None:
+        for packed, n in pairs:
+            kernel(x_for(rows, packed.shape[1] * 2), packed, None, n)
+
+    def onednn_pass(rows: int) -> None:
+        for (pair_packed, _), packed in zip(pairs, onednn, strict=True):
+            x = x_for(rows, pair_packed.shape[1] * 2)
+            torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+    return {"kernel (column pairs)": kernel_pass, "oneDNN packed": onednn_pass}
+
+
+def read_rate(buffer: torch.Tensor) -> float:
+    start = time.perf_counter()
+    buffer.sum()
+    return buffer.numel() * 4 / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layer", choices=sorted(LAYERS), default="qwen2-vl-2b-lm")
+    parser.add_argument("--rows", default="1,2,4,8,16,64,256")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shapes = LAYERS[args.layer]
+    rows_list = [int(r) for r in args.rows.split(",")]
+    paths = make_paths(shapes, args.layers)
+    weight_bytes = 2 * args.layers * sum(n * k for n, k in shapes)
+    flops_per_row = 2 * args.layers * sum(n * k for n, k in shapes)
+    buffer = torch.randn(128 << 20)
+    times: dict[tuple[str, int], list[float]] = {}
+    rates: list[float] = []
+    with torch.inference_mode():
+        for run in paths.values():  # warm-up: first calls, inputs allocated
+            for rows in rows_list:
+                run(rows)
+        for round_ in range(args.rounds):
+            rates.append(read_rate(buffer))
+            names = list(paths) if round_ % 2 == 0 else list(reversed(paths))
+            for rows in rows_list:
+                for name in names:
+                    start = time.perf_counter()
+                    paths[name](rows)
+                    times.setdefault((name, rows), []).append(time.perf_counter() - start)
+        rates.append(read_rate(buffer))
+    print(
+        f"{args.layer} x {args.layers} layers ({weight_bytes / 1e9:.2f} GB bfloat16),"
+        f" {args.threads} threads, {args.rounds} rounds; read rate"
+        f" {statistics.median(rates):.1f} GB/s ({min(rates):.1f}-{max(rates):.1f})"
+    )
+    print("| rows | path | GB/s of weights | GFLOP/s | vs oneDNN |")
+    print("|---|---|---|---|---|")
+    for rows in rows_list:
+        base = statistics.median(times["oneDNN packed", rows])
+        for name in paths:
+            ts = times[name, rows]
+            med = statistics.median(ts)
+            gbs = [weight_bytes / t / 1e9 for t in (med, max(ts), min(ts))]
+            gflops = flops_per_row * rows / med / 1e9
+            print(
+                f"| {rows} | {name} | {gbs[0]:.1f} ({gbs[1]:.1f}-{gbs[2]:.1f}) |"
+                f" {gflops:.0f} | {base / med:.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()
