@@ -144,25 +144,17 @@ def use_packed_float32(model: nn.Module, release: Release | None = None) -> int:
 def _pack_for_onednn(
     model: nn.Module, dtypes: frozenset[torch.dtype], release: Release | None
 ) -> int:
-    """``packed`` for every CPU ``Linear`` of ``model`` not packed yet (either way) whose weight
+    """``packed`` for every CPU ``Linear`` of ``model`` not packed yet (any way) whose weight
     and bias have a dtype of ``dtypes``; returns how many."""
-    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    packed = 0
-    for module in model.modules():
-        if not isinstance(module, Linear) or is_packed(module):
-            continue
+
+    def pack(module: Linear) -> bool:
         weight, bias = module.weight, module.bias
-        if weight.device.type != "cpu":
-            continue
         if weight.dtype not in dtypes or (bias is not None and bias.dtype != weight.dtype):
-            continue
-        module.small_batch, module.small_batch_rows = None, 0
-        module.packed = torch.ops.mkldnn._reorder_linear_weight(
-            weight.detach().contiguous(), PACK_ROWS
-        )
-        packed += 1
-        _drop_dense_copy(module, shared, release)
-    return packed
+            return False
+        module.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
+        return True
+
+    return _pack_each(model, pack, release)
 
 
 def use_bf16_weights(model: nn.Module, release: Release | None = None) -> int:
@@ -172,25 +164,17 @@ def use_bf16_weights(model: nn.Module, release: Release | None = None) -> int:
     keeps its float32 copy for the lookups."""
     if cpu_ops() is None or os.environ.get(BF16_WEIGHTS_ENV_VAR, "1") == "0":
         return 0
-    shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    kept = 0
-    for module in model.modules():
-        if not isinstance(module, Linear) or module.small_batch is not None or is_packed(module):
-            continue
-        weight = module.weight
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            continue
-        bias = module.bias
+
+    def pack(module: Linear) -> bool:
+        weight, bias = module.weight, module.bias
+        if module.small_batch is not None or weight.dtype != torch.float32:
+            return False
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            continue  # the kernel adds a contiguous float32 bias
-        with torch.no_grad():
-            packed = pack_bf16_exact(weight.detach())
-        if packed is None:
-            continue
-        module.bf16_packed = packed
-        kept += 1
-        _drop_dense_copy(module, shared, release)
-    return kept
+            return False  # the kernel adds a contiguous float32 bias
+        module.bf16_packed = pack_bf16_exact(weight)
+        return module.bf16_packed is not None
+
+    return _pack_each(model, pack, release)
 
 
 def use_bf16_dot_weights(model: nn.Module, release: Release | None = None) -> int:
@@ -200,22 +184,38 @@ def use_bf16_dot_weights(model: nn.Module, release: Release | None = None) -> in
     ``bf16_dot_kernel()`` is None."""
     if bf16_dot_kernel() is None:
         return 0
+
+    def pack(module: Linear) -> bool:
+        weight, bias = module.weight, module.bias
+        if weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
+            return False
+        if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
+            return False
+        module.dot_packed = pack_bf16_pairs(weight)
+        return True
+
+    return _pack_each(model, pack, release)
+
+
+def _pack_each(model: nn.Module, pack: Callable[[Linear], bool], release: Release | None) -> int:
+    """``pack`` (which sets one packing on a module it takes, and says whether it did) on the
+    detached weights of every CPU ``Linear`` of ``model`` not packed yet; each module it packs
+    loses its small-batch kernel and its dense copy, unless an embedding shares the weight
+    (``_drop_dense_copy``). Returns how many it packed."""
     shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    packed = 0
+    count = 0
     for module in model.modules():
         if not isinstance(module, Linear) or is_packed(module):
             continue
-        weight, bias = module.weight, module.bias
-        if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or weight.shape[1] % 2:
+        if module.weight.device.type != "cpu":
             continue
-        if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
-            continue
-        module.small_batch, module.small_batch_rows = None, 0
         with torch.no_grad():
-            module.dot_packed = pack_bf16_pairs(weight.detach())
-        packed += 1
+            if not pack(module):
+                continue
+        module.small_batch, module.small_batch_rows = None, 0
+        count += 1
         _drop_dense_copy(module, shared, release)
-    return packed
+    return count
 
 
 def is_packed(module: Linear) -> bool:

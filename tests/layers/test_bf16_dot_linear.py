@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mmserve import LLM, SamplingParams
 from mmserve.kernels import bf16_dot_linear_kernel
 from mmserve.layers import bf16_dot_weights
 from mmserve.layers.bf16_dot_weights import bf16_dot_kernel, pack_bf16_pairs
 from mmserve.layers.linear import Linear, is_packed, use_bf16_dot_weights, use_packed_half
+from tests.layers import test_packed_half_linear
 
 needs_kernel = pytest.mark.skipif(
     bf16_dot_linear_kernel() is None,
@@ -111,16 +111,10 @@ def test_the_kernel_refuses_what_it_cannot_read(call: object, match: str) -> Non
         call(kernel, packed)  # type: ignore[operator]
 
 
-class Mixed(nn.Module):
+class Mixed(test_packed_half_linear.Mixed):
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Embedding(50, 24, dtype=torch.bfloat16)
-        self.proj = Linear(24, 40, bias=True, dtype=torch.bfloat16)
-        self.head = Linear(24, 50, bias=False, dtype=torch.bfloat16)
-        self.head.weight = self.embed.weight
         self.odd = Linear(23, 8, dtype=torch.bfloat16)  # an odd number of inputs: not packed
-        self.fp16 = Linear(24, 8, dtype=torch.float16)
-        self.full = Linear(24, 8)
 
 
 @needs_kernel
