@@ -6,20 +6,31 @@ chunks, with the read bandwidth measured between them.
 The weights are ``--layers`` layers of the Qwen2-VL-2B shape's language model (fused q/k/v, o,
 fused gate/up, down; 94 MB a layer in bfloat16, so 8 layers are far past any cache) or of a
 vision tower, in both packings. Each round times every path once per row count, alternating,
-plus a float32 ``sum`` over 512 MiB (the read rate); the table gives medians (min-max) of GB/s
-of weights read (decode-sized rows) and GFLOP/s. Run as root on a quiet machine after
-``echo -20 > /proc/self/autogroup``:
+beside the read rate (``bench real``'s: the best of 3 float32 sums over 512 MiB); the table
+gives medians (min-max) of GB/s of weights read and GFLOP/s. Run as root on a quiet machine
+after ``echo -20 > /proc/self/autogroup``:
 
     python benchmarks/bf16_dot_linear.py --threads 2 --rounds 5
     python benchmarks/bf16_dot_linear.py --rounds 5 --rows 256,1024 --layer qwen2-vl-2b-vit
 
-Measured 2026-12-07 at 74a1603 on the project's 2-core AMD EPYC VM (``avx512_bf16``, no AMX),
-2 threads, autogroup -20, the first command (8 layers, 0.75 GB; read rate 48.5 GB/s median,
-22.2-50.8 over the rounds): GB/s of weights read, kernel vs oneDNN packed, medians of 5 rounds:
-1 row 33.2 vs 26.7 (1.24x), 2 rows 31.1 vs 22.0 (1.42x), 4 rows 33.5 vs 30.1 (1.11x), 8 rows
-35.2 vs 25.6 (1.37x); GFLOP/s at 16 / 64 / 256 rows 298 / 396 / 415 vs 297 / 380 / 428
-(1.01x / 1.04x / 0.97x). A standalone C++ pass of the same kernel over all 28 layers and the
-head (3.09 GB) read 44-45 GB/s at 1 row while a plain AVX-512 sum read 44.
+Measured 2026-12-07 on the project's 2-core AMD EPYC VM (``avx512_bf16``, no AMX), 2 threads,
+autogroup -20, medians of the rounds (min-max in the printed table), kernel vs oneDNN packed:
+
+| rows (LM, 8 layers, 0.75 GB) | run 1, 74a1603, GB/s | run 2, after a9e04da, GB/s |
+|---|---|---|
+| 1 | 33.2 vs 26.7 (1.24x) | 23.7 vs 20.0 (1.19x) |
+| 2 | 31.1 vs 22.0 (1.42x) | 24.6 vs 18.4 (1.34x) |
+| 4 | 33.5 vs 30.1 (1.11x) | 26.3 vs 24.5 (1.07x) |
+| 8 | 35.2 vs 25.6 (1.37x) | 27.4 vs 22.1 (1.24x) |
+| 16 / 64 / 256, GFLOP/s | 298 / 396 / 415 vs 297 / 380 / 428 | 301 / 392 / 429 vs 284 / 388 / 427 |
+
+Run 1 took the read rate as one sum per round (48.5 GB/s median, 22.2-50.8); run 2 as
+``bench real`` does (30.6 GB/s, 30.1-31.6), so at 1 / 8 rows the kernel read 77 % / 90 % of
+it. The vision tower's layers (run 2, ``--rounds 3 --layers 2 --rows 256,1024 --layer
+qwen2-vl-2b-vit``, 28.6 GB/s): 409 / 418 vs 423 / 434 GFLOP/s at 256 / 1,024 rows (0.97x /
+0.96x). Before the kernel went in, a standalone C++ prototype of its decode loop over all 28
+layers and the head (3.09 GB, 3 passes) read 44.0 / 45.2 / 25.3 GB/s at 1 row beside an
+AVX-512 sum's 44.4 / 44.8 / 30.6.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from collections.abc import Callable
 
 import torch
 
+from mmserve.bench.real.child import read_bandwidth
 from mmserve.layers.bf16_dot_weights import bf16_dot_kernel, pack_bf16_pairs
 
 LAYERS = {  # (out, in) per linear: fused q/k/v, o, fused gate/up (or fc1), down (or fc2)
@@ -67,12 +79,6 @@ def make_paths(shapes: list[tuple[int, int]], layers: int) -> dict[str, Callable
     return {"kernel (column pairs)": kernel_pass, "oneDNN packed": onednn_pass}
 
 
-def read_rate(buffer: torch.Tensor) -> float:
-    start = time.perf_counter()
-    buffer.sum()
-    return buffer.numel() * 4 / (time.perf_counter() - start) / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -87,7 +93,6 @@ def main() -> None:
     paths = make_paths(shapes, args.layers)
     weight_bytes = 2 * args.layers * sum(n * k for n, k in shapes)
     flops_per_row = 2 * args.layers * sum(n * k for n, k in shapes)
-    buffer = torch.randn(128 << 20)
     times: dict[tuple[str, int], list[float]] = {}
     rates: list[float] = []
     with torch.inference_mode():
@@ -95,14 +100,14 @@ def main() -> None:
             for rows in rows_list:
                 run(rows)
         for round_ in range(args.rounds):
-            rates.append(read_rate(buffer))
+            rates.append(read_bandwidth(512 << 20, repeats=3) / 1e9)
             names = list(paths) if round_ % 2 == 0 else list(reversed(paths))
             for rows in rows_list:
                 for name in names:
                     start = time.perf_counter()
                     paths[name](rows)
                     times.setdefault((name, rows), []).append(time.perf_counter() - start)
-        rates.append(read_rate(buffer))
+        rates.append(read_bandwidth(512 << 20, repeats=3) / 1e9)
     print(
         f"{args.layer} x {args.layers} layers ({weight_bytes / 1e9:.2f} GB bfloat16),"
         f" {args.threads} threads, {args.rounds} rounds; read rate"

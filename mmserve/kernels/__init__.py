@@ -143,17 +143,21 @@ def dense_attention_bf16_kernel() -> Callable[..., torch.Tensor] | None:
     """``dense_attention_bf16(q, k, v, scale)``: attention over every key for bfloat16
     ``[batch, seq, heads, head_dim]`` CPU tensors (the last dim contiguous, head_dim even and at
     most 128), or None: it needs the AVX-512 build and a CPU with AVX-512 BF16."""
-    ops, _ = _load()
-    if ops is None or ops.variant != "avx512" or "avx512_bf16" not in cpu_flags():
-        return None
-    return ops.dense_attention_bf16
+    ops = _avx512_bf16_ops()
+    return None if ops is None else ops.dense_attention_bf16
 
 
 def bf16_dot_linear_kernel() -> Callable[..., torch.Tensor] | None:
     """``bf16_dot_linear(x, packed, bias, n)``: ``x @ w.T + bias`` for bfloat16 CPU tensors, the
     weight packed in column pairs (``layers/bf16_dot_weights.py``), or None: it needs the
     AVX-512 build and a CPU with AVX-512 BF16."""
+    ops = _avx512_bf16_ops()
+    return None if ops is None else ops.bf16_dot_linear
+
+
+def _avx512_bf16_ops() -> KernelOps | None:
+    """The kernels' ops where they are the AVX-512 build on a CPU with AVX-512 BF16, else None."""
     ops, _ = _load()
     if ops is None or ops.variant != "avx512" or "avx512_bf16" not in cpu_flags():
         return None
-    return ops.bf16_dot_linear
+    return ops

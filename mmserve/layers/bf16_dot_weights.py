@@ -2,9 +2,10 @@
 
 On a CPU with AVX-512 BF16 and no AMX, ``use_bf16_dot_weights`` (``linear.py``) packs every
 bfloat16 weight once in column pairs (``bf16_dot_linear.cpp``, whose header gives the layout),
-instead of oneDNN's prepacked layout. oneDNN read a batch-1 weight at about half the memory's
-read rate there; the kernel reads it at that rate, and runs a prefill's rows at oneDNN's GEMM
-rate. The measurements are in ``benchmarks/bf16_dot_linear.py``'s doc. Where the CPU has AMX,
+instead of oneDNN's prepacked layout: on the Qwen2-VL-2B shape's language-model layers a
+decode step's 1-8 rows read the weights 1.07-1.42x as fast as oneDNN's packed product, and a
+prefill's rows run at 0.96-1.06x its GEMM rate (``benchmarks/bf16_dot_linear.py``'s doc has
+the table). Where the CPU has AMX,
 oneDNN's tiles multiply faster than dot products can, and oneDNN's packing stays.
 
 ``MMSERVE_BF16_DOT_WEIGHTS=0`` turns this off (bfloat16 weights are then packed for oneDNN).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +58,17 @@ def bf16_dot_linear(
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``packed = pack_bf16_pairs(weight)`` of ``n`` rows, any
     leading dims of ``x`` (none of its rows: an empty result)."""
-    kernel = bf16_dot_linear_kernel()
-    assert kernel is not None
+    kernel = _kernel()
     if x.dim() == 2:  # the LM's rows are 2-D already
         return kernel(x, packed, bias, n)
     out = kernel(x.reshape(-1, x.shape[-1]), packed, bias, n)
     return out.reshape(*x.shape[:-1], n)
+
+
+@cache
+def _kernel() -> Callable[..., torch.Tensor]:
+    """The op, looked up once: ``bf16_dot_linear`` runs on every step of every layer, and only
+    on weights that ``use_bf16_dot_weights`` packed where the kernel exists."""
+    kernel = bf16_dot_linear_kernel()
+    assert kernel is not None
+    return kernel

@@ -3,8 +3,9 @@ torch's GEMM, except on CPU.
 
 - bfloat16 weights on a CPU with AVX-512 BF16 and without AMX are packed once in column pairs
   for mmserve's dot-product kernel, at every row count (``bf16_dot_weights.py``).
-- Other half-precision weights on a CPU that computes their dtype natively (AVX-512 BF16 or AMX)
-  are prepacked once for oneDNN, and every row count runs the packed product. On 8 layers of the
+- Other half-precision weights on a CPU that computes their dtype natively (AMX, float16 on
+  AVX-512 FP16, or bfloat16 on AVX-512 BF16 with ``MMSERVE_BF16_DOT_WEIGHTS=0``) are prepacked
+  once for oneDNN, and every row count runs the packed product. On 8 layers of the
   Qwen2-VL-2B shape's language-model weights (0.75 GB, bfloat16, 2 threads, AMD EPYC with
   ``avx512_bf16``; two scratch runs, each the median of 3 passes in one process) it read 27-32 /
   28 / 38 / 25-30 GB/s at 1 / 2 / 4 / 8 rows, where the small-batch kernel read 29-30 / 22 / 15 /
@@ -198,8 +199,8 @@ def use_bf16_dot_weights(model: nn.Module, release: Release | None = None) -> in
 
 
 def _pack_each(model: nn.Module, pack: Callable[[Linear], bool], release: Release | None) -> int:
-    """``pack`` (which sets one packing on a module it takes, and says whether it did) on the
-    detached weights of every CPU ``Linear`` of ``model`` not packed yet; each module it packs
+    """``pack`` (which sets one packing on a module it takes, and says whether it did), without
+    autograd, on every CPU ``Linear`` of ``model`` not packed yet; each module it packs
     loses its small-batch kernel and its dense copy, unless an embedding shares the weight
     (``_drop_dense_copy``). Returns how many it packed."""
     shared = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}

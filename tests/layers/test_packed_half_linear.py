@@ -1,5 +1,6 @@
 """Half-precision Linear layers on a CPU that computes that dtype natively run oneDNN's prepacked
-weights (``use_packed_half``), at every row count: a decode step's few rows and a prefill's
+weights (``use_packed_half``; bfloat16 ones run the dot-product kernel instead where it applies,
+test_bf16_dot_linear), at every row count: a decode step's few rows and a prefill's
 many. Elsewhere (no native half arithmetic) they stay dense, for the small-batch kernel and
 ``F.linear``. The dense copy is dropped and the weight's shape, dtype and device stay
 readable; a weight an embedding shares keeps its dense copy for the lookups."""

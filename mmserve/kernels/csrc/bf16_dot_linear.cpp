@@ -98,14 +98,14 @@ inline void store(const Problem& s, int64_t row, int64_t block, const __m512 (&a
   }
 }
 
-// Rows [row, row + R) against blocks [block, block + NB) over every column: a decode step.
+// Every row (R of them) against blocks [block, block + NB) over every column: a decode step.
 template <int R, int NB>
-void decode_panel(const Problem& s, int64_t row, int64_t block) {
+void decode_panel(const Problem& s, int64_t block) {
   __m512 acc[R][NB];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
-  accumulate<R, NB, true>(s, row, block, 0, s.pairs, acc);
-  store<R, NB>(s, row, block, acc);
+  accumulate<R, NB, true>(s, 0, block, 0, s.pairs, acc);
+  store<R, NB>(s, 0, block, acc);
 }
 
 // Rows [row, row + R) against blocks [block, block + NB) over pairs [p0, p1): sums from and to
@@ -134,7 +134,7 @@ void decode_blocks(const Problem& s, int64_t block, int64_t nb) {
   if constexpr (NB > 1) {
     if (nb < NB) return decode_blocks<R, NB - 1>(s, block, nb);
   }
-  decode_panel<R, NB>(s, 0, block);
+  decode_panel<R, NB>(s, block);
 }
 
 template <int R, int NB>
