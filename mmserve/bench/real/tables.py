@@ -112,6 +112,24 @@ def model_table(model: str, entry: dict[str, Any], engines: list[str], limits: d
         if errs:
             first = errs[0].strip().splitlines()[-1][:160] if errs[0].strip() else "?"
             lines.append(f"\n{LABELS.get(engine, engine)}: {len(errs)} failed run(s): {first}")
+    lines += refusal_notes(entry, engines)
+    return lines
+
+
+CHATS = {"multiturn": "the chat with a new image each turn", "followup": "the chat about one image"}
+
+
+def refusal_notes(entry: dict[str, Any], engines: list[str]) -> list[str]:
+    """A line per engine and chat that refused a turn (``{chat}_refused``, its rows end there)."""
+    lines = []
+    for engine in engines:
+        for chat, label in CHATS.items():
+            key = f"{chat}_refused"
+            refused = [r[key] for r in entry["runs"][engine] if key in r]
+            if refused:
+                name = LABELS.get(engine, engine)
+                message = refused[0].strip().splitlines()[0][:200]
+                lines.append(f"\n{name} refused {label} in {len(refused)} run(s): {message}")
     return lines
 
 

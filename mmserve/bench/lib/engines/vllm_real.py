@@ -9,7 +9,8 @@ workload as ``vllm_worker.py`` takes it (prompt text, image PNG paths): ``text_p
 (a new image per turn), one ``followup`` chat (an image on turn 1 only: ``image`` None after)
 and the ``reuse`` runs by percentage. OUT gets ``load_s`` (process start to the first token),
 ``ttft_s``, ``decode_b{B}_tok_s``, ``multiturn_ttft_s``, ``followup_ttft_s``,
-``reuse_{P}_req_s`` and ``peak_rss``.
+``reuse_{P}_req_s`` and ``peak_rss``; a chat vLLM refused a turn of (over
+``max_model_len``) keeps the turns before it and the message as ``{multiturn,followup}_refused``.
 vLLM runs in-process and eager, with the environment the caller sets.
 """
 
@@ -54,7 +55,10 @@ def measure(cfg: dict[str, Any], model: str) -> dict[str, Any]:
         out[f"decode_b{batch}_tok_s"] = rate
     answer = SamplingParams(temperature=0, max_tokens=cfg["answer_tokens"], ignore_eos=True)
     for prefix, key in (("multiturn", "conversation"), ("followup", "followup")):
-        rows = run_conversation(llm, cfg.get(key, []), answer, prefix)
+        refused: list[str] = []
+        rows = run_conversation(llm, cfg.get(key, []), answer, prefix, refused)
+        if refused:  # the turns before it still count; the table notes the refusal
+            out[f"{prefix}_refused"] = refused[0]
         out[f"{prefix}_ttft_s"] = [r["ttft_s"] for r in rows]
         out[f"{prefix}_cached_tokens"] = [r["cached_tokens"] for r in rows]
         out[f"{prefix}_prompt_tokens"] = [r["prompt_tokens"] for r in rows]

@@ -62,7 +62,12 @@ def drive(llm: Any, prompts: list[tuple[str, dict]], params: Any) -> tuple[dict,
     return first, done
 
 
-def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list[dict]:
+def run_conversation(
+    llm: Any, turns: list[dict], params: Any, tag: str, refused: list[str] | None = None
+) -> list[dict]:
+    """One chat, turn by turn. With ``refused`` a turn vLLM refuses (a ``ValueError``: its
+    prompt over ``max_model_len``) ends the chat and its message is appended there; the turns
+    before it are returned. Without, the error propagates."""
     from PIL import Image
 
     tokenizer = llm.get_tokenizer()
@@ -79,7 +84,13 @@ def run_conversation(llm: Any, turns: list[dict], params: Any, tag: str) -> list
         conv.append({"role": "user", "content": content})
         text = tokenizer.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
         prompt = {"prompt": text, "multi_modal_data": {"image": list(images)}}
-        first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
+        try:
+            first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
+        except ValueError as exc:
+            if refused is None:
+                raise
+            refused.append(f"turn {n + 1}: {exc}")
+            break
         out = done[f"{tag}-{n}"]
         answer = out.outputs[0].text
         # the same answer for every engine, as a text part: templates that loop over parts
