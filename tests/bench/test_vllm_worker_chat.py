@@ -73,15 +73,24 @@ def test_the_vllm_worker_sends_the_chat_mmserve_renders(
             assert history_answer(t - 1) in sent[t]
 
 
+class VLLMValidationError(Exception):
+    """As installed vLLM's ``vllm.exceptions`` has it: a ``VLLMClientError``, no ``ValueError``."""
+
+
+@pytest.mark.parametrize("error", [ValueError, VLLMValidationError])
 def test_a_turn_vllm_refuses_ends_the_chat_and_keeps_the_turns_before(
-    worker: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    worker: ModuleType, error: type[Exception], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    exceptions = ModuleType("vllm.exceptions")
+    exceptions.VLLMValidationError = VLLMValidationError  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.exceptions", exceptions)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen2-vl"))
 
     def drive_refusing_turn_2(llm: Any, prompts: list[tuple[str, dict]], params: Any) -> tuple:
         ((req_id, _),) = prompts
         if req_id.endswith("-1"):
-            raise ValueError("The decoder prompt (length 11162) is longer than the maximum")
+            raise error("The decoder prompt (length 11162) is longer than the maximum")
         out = SimpleNamespace(
             outputs=[SimpleNamespace(text="a", token_ids=[7])],
             prompt_token_ids=[0, 1],
@@ -100,5 +109,5 @@ def test_a_turn_vllm_refuses_ends_the_chat_and_keeps_the_turns_before(
     rows = worker.run_conversation(llm, turns, None, "c", refused)
     assert [r["turn"] for r in rows] == [1]
     assert refused == ["turn 2: The decoder prompt (length 11162) is longer than the maximum"]
-    with pytest.raises(ValueError, match="11162"):  # other callers still see the error
+    with pytest.raises(error, match="11162"):  # other callers still see the error
         worker.run_conversation(llm, turns, None, "c")

@@ -62,10 +62,20 @@ def drive(llm: Any, prompts: list[tuple[str, dict]], params: Any) -> tuple[dict,
     return first, done
 
 
+def refusal_errors() -> tuple[type[Exception], ...]:
+    """What vLLM raises for a request it refuses (a prompt over ``max_model_len``): its own
+    ``VLLMValidationError`` (not a ``ValueError``) where it has one, ``ValueError`` before."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:
+        return (ValueError,)
+    return (ValueError, VLLMValidationError)
+
+
 def run_conversation(
     llm: Any, turns: list[dict], params: Any, tag: str, refused: list[str] | None = None
 ) -> list[dict]:
-    """One chat, turn by turn. With ``refused`` a turn vLLM refuses (a ``ValueError``: its
+    """One chat, turn by turn. With ``refused`` a turn vLLM refuses (``refusal_errors``: its
     prompt over ``max_model_len``) ends the chat and its message is appended there; the turns
     before it are returned. Without, the error propagates."""
     from PIL import Image
@@ -75,6 +85,7 @@ def run_conversation(
     images: list[Any] = []
     rows = []
     meter = Meter()
+    refusals = refusal_errors()
     for n, turn in enumerate(turns):
         start = time.monotonic()
         content: list[dict] = [{"type": "text", "text": turn["text"]}]
@@ -86,7 +97,7 @@ def run_conversation(
         prompt = {"prompt": text, "multi_modal_data": {"image": list(images)}}
         try:
             first, done = drive(llm, [(f"{tag}-{n}", prompt)], params)
-        except ValueError as exc:
+        except refusals as exc:
             if refused is None:
                 raise
             refused.append(f"turn {n + 1}: {exc}")
