@@ -10,8 +10,6 @@ One thread by default, so a busy neighbour cannot inflate one category through O
 waits: the shares are what one core spends, not a timing.
 
     python benchmarks/profile_reuse.py --reuse 0.3 --requests 100
-    python benchmarks/profile_reuse.py --model shape:Qwen2-VL-2B-Instruct --resolution 448x448 \
-        --requests 16 --threads 2
 """
 
 from __future__ import annotations
