@@ -30,21 +30,9 @@ from mmserve.bench.lib.workloads import reuse_specs, warmup_specs
 from mmserve.bench.reuse.workload import Workload
 
 CATEGORIES = {  # first match wins; cProfile function name -> category
-    "GEMM (linear, mm, matmul)": (
-        "._nn.linear",
-        "method 'mm'",
-        "torch.mm",
-        "matmul",
-        "addmm",
-        "bf16_dot_linear",  # mmserve's bfloat16 linear kernel (layers/bf16_dot_weights.py)
-    ),
+    "GEMM (linear, mm, matmul)": ("._nn.linear", "method 'mm'", "torch.mm", "matmul", "addmm"),
     "LM paged attention (kernel)": ("paged_attention",),
-    "vision attention (SDPA, kernel), conv": (
-        "scaled_dot_product",
-        "dense_attention",  # mmserve's bfloat16 towers' attention (layers/dense_attention.py)
-        "conv2d",
-        "conv3d",
-    ),
+    "vision attention (SDPA), conv": ("scaled_dot_product", "conv2d", "conv3d"),
     "norms, RoPE, activations": ("norm", "rotary", "silu", "gelu", "sigmoid", "softmax"),
     "image resize / decode (PIL)": ("ImagingCore", "ImagingDecoder", "ImagingEncoder", "PIL"),
     "hashing": ("blake3", "xxh", "hashlib"),
@@ -60,21 +48,13 @@ def category(name: str) -> str:
     return "other C calls" if name.startswith("{") else "Python (engine, scheduler, admission)"
 
 
-def resolution(text: str) -> str | tuple[int, int]:
-    """A name of ``RESOLUTIONS`` (``720p``) or ``WIDTHxHEIGHT``."""
-    if "x" not in text:
-        return text
-    width, height = text.split("x")
-    return int(width), int(height)
-
-
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="tiny-llava-small")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--reuse", type=float, default=0.0)
     parser.add_argument("--order", default="grouped", choices=("grouped", "shuffled"))
-    parser.add_argument("--resolution", type=resolution, default="720p")
+    parser.add_argument("--resolution", default="720p")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="write the shares as JSON here")
     args = parser.parse_args()
