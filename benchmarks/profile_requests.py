@@ -4,8 +4,8 @@ Loads one engine, warms it up on 2 requests, then profiles ``--requests`` reques
 workload at 0 % reuse (each a new image, 16 greedy tokens, all at once) and prints the ops with
 the most self time. mmserve's CPU kernels are torch ops (``mmserve_avx512::bf16_dot_linear``,
 ``dense_attention_bf16``, ``paged_attention``), so the profile names them; self times are wall
-time per op, summed over the threads that called it. For the real-size shapes, where
-``profile_reuse.py``'s cProfile sees only the calling thread's Python.
+time per op. For the real-size shapes: ``profile_reuse.py``'s cProfile categories do not find
+these ops (a Qwen2-VL-2B run put 2 % of its time in their GEMM category).
 
     python benchmarks/profile_requests.py --model shape:Qwen2-VL-2B-Instruct --requests 6
 """
